@@ -1,0 +1,39 @@
+"""jaxweight: fast, pure and composable data weighting for RL pipelines in JAX.
+
+Submodules (imported on first use, so ``import jaxweight`` stays cheap):
+
+- ``jaxweight.random_weighting``  random log-normal loss-component weights (torchref)
+- ``jaxweight.awr``               advantage-weighted regression of a weight policy
+- ``jaxweight.curriculum``        on-device curriculum scheduler (atropos + PLR, sqrt competence)
+- ``jaxweight.maxent``            MaxEnt-GRPO reward weighting (maxent_grpo)
+- ``jaxweight.controllers``       tau / beta / meta controllers (maxent_grpo)
+- ``jaxweight.preference``        reward learning from preference comparisons (imitation)
+- ``jaxweight.sync``              learner -> actor weight sync (torchrl UpdateWeights)
+- ``jaxweight.checkpoint``        atomic msgpack checkpoints of any state pytree
+"""
+
+import importlib
+
+__version__ = "0.1.0"
+
+_SUBMODULES = (
+    "random_weighting",
+    "awr",
+    "curriculum",
+    "maxent",
+    "controllers",
+    "preference",
+    "sync",
+    "checkpoint",
+)
+__all__ = ["__version__", *_SUBMODULES]
+
+
+def __getattr__(name):
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'jaxweight' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)

@@ -1,0 +1,1 @@
+"""Reward learning from preference comparisons (imitation), vectorised."""

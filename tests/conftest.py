@@ -1,0 +1,35 @@
+"""Shared fixtures. 8 fake CPU devices are set up before JAX is imported, so
+multi-device tests can shard over them; single-device code is unaffected
+(arrays land on device 0)."""
+
+import os
+
+_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _flags:
+    os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def key():
+    """A fresh typed PRNG key."""
+    return jax.random.key(0)
+
+
+@pytest.fixture(params=["eager", "jit"])
+def jit_or_eager(request):
+    """``lambda f: f`` or ``jax.jit``: run a test body both ways."""
+    return (lambda f, **kw: f) if request.param == "eager" else jax.jit
+
+
+@pytest.fixture
+def devices8():
+    """The 8 fake CPU devices (skips if the platform was initialised with fewer)."""
+    devs = jax.devices()
+    if len(devs) < 8:
+        pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8 before JAX starts")
+    return devs[:8]
