@@ -1,0 +1,163 @@
+"""The Bradley-Terry preference model and the cross-entropy reward loss.
+
+imitation's ``PreferenceModel`` loops over pairs in Python and cannot run an
+ensemble's forward pass (it raises); here :func:`probability` is one pure
+function of two reward sequences, ``[L] -> []`` for a single net and
+``[L, M] -> [M]`` per member, batched with ``jax.vmap`` and differentiable
+everywhere. :func:`fragment_rewards` / :func:`preference_probabilities` score
+whole :class:`FragmentPairs` batches for a single net or an ensemble.
+
+Example::
+
+    probability(jnp.array([1., 2., 3.]), jnp.array([0., 1., 1.]))   # 0.9820138
+    probs, gt = preference_probabilities(net, params, pairs)          # f32[P] (or [P, M]), f32[P]
+    loss, metrics = cross_entropy_loss(probs, prefs)                  # metrics["accuracy"]
+
+References:
+  Christiano et al. (2017), "Deep reinforcement learning from human preferences",
+  arXiv:1706.03741; imitation ``algorithms/preference_comparisons.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from .._util import check_rank, check_same_shape, masked_mean
+from .data import FragmentPairs
+
+Array = jax.Array
+
+__all__ = [
+    "probability",
+    "fragment_rewards",
+    "preference_probabilities",
+    "binary_cross_entropy",
+    "cross_entropy_loss",
+]
+
+
+def probability(
+    rews1: Array, rews2: Array, *, noise_prob: Any = 0.0, discount: Any = 1.0, threshold: Any = 50.0
+) -> Array:
+    """Bradley-Terry probability that fragment 1 is preferred.
+
+    ``D = clip(sum_t discount**t * (rews2_t - rews1_t), -threshold, threshold)``,
+    ``p = noise_prob / 2 + (1 - noise_prob) / (1 + exp(D))``.
+
+    Args:
+      rews1: ``f[L]`` (single net) or ``f[L, M]`` (one column per ensemble member).
+      rews2: same shape as ``rews1``.
+      noise_prob: probability that the teacher answers uniformly at random.
+      discount: discount factor of the returns.
+      threshold: clip bound of the return difference (in log space; avoids overflow).
+
+    Returns:
+      ``f32[]`` for ``[L]`` inputs, ``f32[M]`` for ``[L, M]``. Ties and ``L = 0`` give 0.5.
+      The hyperparameters may be traced (vmapped sweeps compile once).
+
+    Example:
+      >>> probability(jnp.array([1., 2., 3.]), jnp.array([0., 1., 1.]))  # 0.9820138
+    """
+    check_rank(rews1, (1, 2), "rews1")
+    check_same_shape(rews1, rews2, "rews1", "rews2")
+    r1 = jnp.asarray(rews1, jnp.float32)
+    r2 = jnp.asarray(rews2, jnp.float32)
+    length = r1.shape[0]
+    w = jnp.asarray(discount, jnp.float32) ** jnp.arange(length, dtype=jnp.float32)
+    w = w.reshape((length,) + (1,) * (r1.ndim - 1))
+    threshold = jnp.asarray(threshold, jnp.float32)
+    diff = jnp.clip(jnp.sum(w * (r2 - r1), axis=0), -threshold, threshold)
+    noise = jnp.asarray(noise_prob, jnp.float32)
+    # sigmoid(-D) == 1 / (1 + exp(D)) without overflow in the backward pass
+    return noise * 0.5 + (1.0 - noise) * jax.nn.sigmoid(-diff)
+
+
+def fragment_rewards(module: nn.Module, params: Any, pairs: FragmentPairs, *, ensemble: bool = False) -> Array:
+    """Predicted per-step rewards of both fragments of every pair.
+
+    Args:
+      module: reward module called as ``module.apply(p, state, action, next_state, done)``.
+      params: its params; with a leading member axis when ``ensemble``.
+      pairs: ``P`` fragment pairs of length ``L``.
+      ensemble: params carry a leading member axis (from ``ensemble_init``).
+
+    Returns:
+      ``f32[P, 2, L]``, or ``f32[P, 2, L, M]`` for an ensemble.
+    """
+    inputs = pairs.transitions()
+    if ensemble:
+        out = jax.vmap(lambda p: module.apply(p, *inputs))(params)
+        return jnp.moveaxis(out, 0, -1).astype(jnp.float32)
+    return module.apply(params, *inputs).astype(jnp.float32)
+
+
+def preference_probabilities(
+    module: nn.Module,
+    params: Any,
+    pairs: FragmentPairs,
+    *,
+    noise_prob: Any = 0.0,
+    discount: Any = 1.0,
+    threshold: Any = 50.0,
+    ensemble: bool = False,
+) -> tuple[Array, Array]:
+    """Model and ground-truth preference probabilities of a batch of pairs.
+
+    Returns:
+      ``(probs, gt_probs)``: ``probs`` is ``f32[P]`` (``f32[P, M]`` for an
+      ensemble, one column per member; this is what imitation's
+      ``PreferenceModel.forward`` would return if it worked for ensembles);
+      ``gt_probs`` is ``f32[P]`` from the pairs' ground-truth rewards.
+    """
+    r = fragment_rewards(module, params, pairs, ensemble=ensemble)
+    prob = jax.vmap(lambda a, b: probability(a, b, noise_prob=noise_prob, discount=discount, threshold=threshold))
+    probs = prob(r[:, 0], r[:, 1])
+    gt = prob(pairs.rews[:, 0], pairs.rews[:, 1])
+    return probs, gt
+
+
+def binary_cross_entropy(probs: Array, targets: Array) -> Array:
+    """Element-wise ``-(y log p + (1-y) log(1-p))`` with each log clamped at -100 (as torch's BCE)."""
+    p = jnp.asarray(probs, jnp.float32)
+    y = jnp.asarray(targets, jnp.float32)
+    # p saturates to exactly 0 or 1 in float32 (|D| > ~17); the inner where keeps log's
+    # gradient finite there, otherwise 0 * inf = NaN would poison the whole update
+    log_p = jnp.maximum(jnp.where(p > 0, jnp.log(jnp.where(p > 0, p, 1.0)), -100.0), -100.0)
+    log_1mp = jnp.maximum(jnp.where(p < 1, jnp.log1p(-jnp.where(p < 1, p, 0.0)), -100.0), -100.0)
+    return -(y * log_p + (1.0 - y) * log_1mp)
+
+
+def cross_entropy_loss(
+    probs: Array, prefs: Array, mask: Array | None = None, gt_probs: Array | None = None
+) -> tuple[Array, dict[str, Array]]:
+    """imitation's ``CrossEntropyRewardLoss`` on predicted probabilities.
+
+    Args:
+      probs: ``f32[P]`` predicted probabilities that fragment 1 is preferred.
+      prefs: ``f32[P]`` target probabilities (0, 1, 0.5 for ties, or soft labels).
+      mask: optional ``bool[P]``; only True entries count (0 loss if none).
+      gt_probs: optional ``f32[P]`` probabilities from ground-truth rewards;
+        adds ``gt_reward_loss``.
+
+    Returns:
+      ``(loss f32[], metrics)`` with ``metrics["accuracy"]`` = mean of
+      ``(p > 0.5) == (y > 0.5)`` (strict on both sides, so 0.5 vs 0.5 counts as
+      correct) and, if ``gt_probs`` is given, ``metrics["gt_reward_loss"]``.
+
+    Example:
+      >>> cross_entropy_loss(jnp.array([.5, .7, .2, .9]), jnp.array([.5, 1., 0., 0.]))
+      (0.8938876, {'accuracy': 0.75})
+    """
+    check_rank(probs, 1, "probs")
+    check_same_shape(probs, prefs, "probs", "prefs")
+    loss = masked_mean(binary_cross_entropy(probs, prefs), mask)
+    correct = ((jnp.asarray(probs) > 0.5) == (jnp.asarray(prefs) > 0.5)).astype(jnp.float32)
+    metrics = {"accuracy": masked_mean(correct, mask)}
+    if gt_probs is not None:
+        check_same_shape(probs, gt_probs, "probs", "gt_probs")
+        metrics["gt_reward_loss"] = masked_mean(binary_cross_entropy(gt_probs, prefs), mask)
+    return loss, metrics

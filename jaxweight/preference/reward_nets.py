@@ -1,0 +1,610 @@
+"""Reward networks in flax: imitation's ``BasicRewardNet`` and friends, ensembles as stacked params.
+
+- Spaces: a small description of our own (:class:`Box`, :class:`Discrete`,
+  :class:`MultiDiscrete`, :class:`MultiBinary`), hashable so it can sit in a
+  module's static fields; gymnax and gym/gymnasium spaces are converted by
+  :func:`as_space`. :func:`preprocess` follows stable-baselines3's
+  ``preprocess_obs`` (which imitation uses): Box -> float32 (images / 255),
+  Discrete -> one-hot, MultiDiscrete -> concatenated one-hots, MultiBinary -> float32.
+- :class:`RewardMLP`: ``BasicRewardNet`` (inputs state / action / next state /
+  done, flattened and concatenated in that order; ReLU MLP (32, 32); scalar output).
+- :class:`PotentialMLP`, :class:`ShapedRewardNet`, :func:`basic_shaped_reward_net`:
+  potential-based shaping ``r + gamma * (1 - done) * phi(s') - phi(s)`` (Ng et al. 1999).
+- Ensembles: :func:`ensemble_init` stacks the params of ``M`` independently
+  initialised members on a leading axis; :func:`ensemble_apply` runs all members
+  with ``jax.vmap`` (differentiable, unlike imitation's ``RewardEnsemble``);
+  :func:`ensemble_moments` / :func:`add_std` give imitation's
+  ``predict_reward_moments`` (variance with ddof=1) and ``AddSTDRewardWrapper``.
+- Reward normalisation for prediction only (imitation ``NormalizedRewardNet``
+  with ``RunningNorm`` or ``EMANorm``): :func:`reward_norm_init`,
+  :func:`reward_norm_update`, :func:`normalize_rewards`. Training always sees raw
+  rewards, as in imitation.
+
+Example::
+
+    net = RewardMLP(observation_space=Box((4,)), action_space=Discrete(2))
+    inputs = (jnp.zeros((7, 4)), jnp.zeros((7,), jnp.int32), jnp.zeros((7, 4)), jnp.zeros((7,), bool))
+    params = ensemble_init(0, net, inputs, num_members=5)     # leaves [5, ...]
+    r = ensemble_apply(net, params, *inputs)                  # f32[7, 5]
+    mean, var = ensemble_moments(r)                           # f32[7], f32[7]
+
+References:
+  imitation ``rewards/reward_nets.py`` and ``util/networks.py``
+  (https://github.com/HumanCompatibleAI/imitation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from .._util import as_key
+
+Array = jax.Array
+
+__all__ = [
+    "Box",
+    "Discrete",
+    "MultiDiscrete",
+    "MultiBinary",
+    "Space",
+    "as_space",
+    "is_image_space",
+    "flat_dim",
+    "preprocess",
+    "RewardMLP",
+    "PotentialMLP",
+    "ShapedRewardNet",
+    "basic_shaped_reward_net",
+    "ensemble_init",
+    "ensemble_apply",
+    "ensemble_moments",
+    "add_std",
+    "ensemble_reward",
+    "num_members",
+    "RewardNormState",
+    "reward_norm_init",
+    "reward_norm_update",
+    "reward_norm_apply",
+    "normalize_rewards",
+]
+
+
+# -------------------------------------------------------------------- spaces
+def _as_tuple(x: Any) -> float | tuple:
+    a = np.asarray(x, dtype=np.float64)
+    return float(a) if a.ndim == 0 else tuple(a.reshape(-1).tolist())
+
+
+@dataclasses.dataclass(frozen=True)
+class Box:
+    """A box of real (or integer, e.g. uint8 image) values.
+
+    Attributes:
+      shape: per-step shape.
+      low, high: bounds (scalar or flattened tuple); only used to recognise images.
+      dtype: numpy dtype name (``"float32"``, ``"uint8"``, ...).
+    """
+
+    shape: tuple[int, ...]
+    low: float | tuple = -math.inf
+    high: float | tuple = math.inf
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        object.__setattr__(self, "low", _as_tuple(self.low))
+        object.__setattr__(self, "high", _as_tuple(self.high))
+        object.__setattr__(self, "dtype", np.dtype(self.dtype).name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Discrete:
+    """``n`` categories; values are integers ``0 .. n-1`` of shape ``()``."""
+
+    n: int
+
+    def __post_init__(self):
+        if int(self.n) < 1:
+            raise ValueError(f"Discrete n must be >= 1, got {self.n}")
+        object.__setattr__(self, "n", int(self.n))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return ()
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiDiscrete:
+    """Several categorical variables with ``nvec[i]`` categories; values ``int[k]``."""
+
+    nvec: tuple[int, ...]
+
+    def __post_init__(self):
+        nvec = tuple(int(v) for v in np.asarray(self.nvec).reshape(-1))
+        if not nvec or min(nvec) < 1:
+            raise ValueError(f"MultiDiscrete nvec must be a non-empty list of ints >= 1, got {self.nvec}")
+        object.__setattr__(self, "nvec", nvec)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.nvec),)
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiBinary:
+    """Binary vector (or array) of shape ``n``."""
+
+    n: int | tuple[int, ...]
+
+    def __post_init__(self):
+        n = self.n
+        object.__setattr__(self, "n", int(n) if np.ndim(n) == 0 else tuple(int(v) for v in n))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.n,) if isinstance(self.n, int) else self.n
+
+
+Space = Box | Discrete | MultiDiscrete | MultiBinary
+
+
+def as_space(space: Any) -> Space | None:
+    """Convert a gymnax / gym / gymnasium space (duck-typed) to our description.
+
+    ``None`` and our own spaces pass through. Discrete spaces with a nonzero
+    ``start`` are not supported (stable-baselines3 ignores ``start`` as well).
+
+    Raises:
+      ValueError: for unsupported space types (Dict, Tuple, ...).
+    """
+    if space is None or isinstance(space, Box | Discrete | MultiDiscrete | MultiBinary):
+        return space
+    name = type(space).__name__
+    if name == "Discrete" and hasattr(space, "n"):
+        return Discrete(int(space.n))
+    if name == "MultiDiscrete" and hasattr(space, "nvec"):
+        return MultiDiscrete(tuple(np.asarray(space.nvec).reshape(-1)))
+    if name == "MultiBinary" and hasattr(space, "n"):
+        return MultiBinary(space.n)
+    if name == "Box" and hasattr(space, "shape"):
+        dtype = getattr(space, "dtype", np.float32)
+        try:
+            dtype = np.dtype(dtype).name
+        except TypeError:  # jnp scalar types
+            dtype = np.dtype(jnp.dtype(dtype)).name
+        return Box(tuple(space.shape), getattr(space, "low", -math.inf), getattr(space, "high", math.inf), dtype)
+    raise ValueError(f"unsupported space {name}: use Box, Discrete, MultiDiscrete or MultiBinary")
+
+
+def is_image_space(space: Space | None) -> bool:
+    """stable-baselines3's test: a 3-D uint8 Box with bounds exactly [0, 255]."""
+    if not isinstance(space, Box) or len(space.shape) != 3 or space.dtype != "uint8":
+        return False
+    low = np.asarray(space.low)
+    high = np.asarray(space.high)
+    return bool(np.all(low == 0) and np.all(high == 255))
+
+
+def flat_dim(space: Space) -> int:
+    """Number of features after :func:`preprocess` and flattening."""
+    space = as_space(space)
+    if isinstance(space, Discrete):
+        return space.n
+    if isinstance(space, MultiDiscrete):
+        return int(sum(space.nvec))
+    return int(np.prod(space.shape, dtype=np.int64))
+
+
+def preprocess(space: Any, x: Array, normalize_images: bool = True) -> Array:
+    """Network-ready float32 features of raw values ``x`` of ``space``.
+
+    Args:
+      space: the space of ``x`` (ours, gymnax or gym/gymnasium).
+      x: ``[..., *space.shape]`` raw values (any leading batch shape).
+      normalize_images: divide image spaces (:func:`is_image_space`) by 255.
+
+    Returns:
+      ``f32[..., *space.shape]`` for Box / MultiBinary, ``f32[..., n]`` for
+      Discrete (one-hot), ``f32[..., sum(nvec)]`` for MultiDiscrete.
+    """
+    space = as_space(space)
+    x = jnp.asarray(x)
+    nd = len(space.shape)
+    if x.ndim < nd or tuple(x.shape[x.ndim - nd:]) != tuple(space.shape):
+        raise ValueError(f"x must have shape (..., {', '.join(map(str, space.shape))}) for {space}, got {x.shape}")
+    if isinstance(space, Discrete):
+        return jax.nn.one_hot(x, space.n, dtype=jnp.float32)
+    if isinstance(space, MultiDiscrete):
+        parts = [jax.nn.one_hot(x[..., i], n, dtype=jnp.float32) for i, n in enumerate(space.nvec)]
+        return jnp.concatenate(parts, axis=-1)
+    if isinstance(space, MultiBinary):
+        return x.astype(jnp.float32)
+    if normalize_images and is_image_space(space):
+        return x.astype(jnp.float32) / 255.0
+    return x.astype(jnp.float32)
+
+
+def _features(space: Space | None, x: Array, batch_shape: tuple[int, ...], normalize_images: bool, name: str) -> Array:
+    """Preprocess (if ``space``) and flatten to ``f32[*batch_shape, F]``."""
+    x = jnp.asarray(x)
+    if space is None:
+        if not jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != jnp.bool_:
+            raise ValueError(
+                f"{name} has integer dtype {x.dtype}: pass its space (e.g. Discrete(n) or an image Box) "
+                "so it is one-hot encoded / scaled like imitation does"
+            )
+        feats = x.astype(jnp.float32)
+    else:
+        feats = preprocess(space, x, normalize_images)
+    nb = len(batch_shape)
+    if tuple(feats.shape[:nb]) != tuple(batch_shape):
+        raise ValueError(f"{name} must have leading batch shape {batch_shape} (the shape of done), got {x.shape}")
+    return feats.reshape(*batch_shape, -1)
+
+
+# ------------------------------------------------------------------ networks
+class RewardMLP(nn.Module):
+    """imitation's ``BasicRewardNet``: an MLP on ``[state, action, next_state, done]``.
+
+    The enabled inputs are preprocessed (when their space is given), flattened
+    per step and concatenated in the order state, action, next state, done (one
+    float column); ReLU hidden layers; one linear output, squeezed. The batch
+    shape of every input is the shape of ``done`` (any rank), so the same module
+    scores ``[B]`` transitions, ``[N, T]`` trajectories or ``[P, 2, L]`` fragments.
+
+    Attributes:
+      hidden_sizes: widths of the hidden layers (imitation default ``(32, 32)``).
+      use_state, use_action, use_next_state, use_done: which inputs to use.
+      observation_space, action_space: optional spaces; needed for integer
+        inputs (discrete actions are one-hot encoded, uint8 images scaled).
+      normalize_images: scale image observations to [0, 1].
+      activation: hidden activation (ReLU as in imitation).
+
+    Call:
+      ``net.apply(params, state, action, next_state, done) -> f32[*done.shape]``.
+
+    Raises:
+      ValueError: no input enabled.
+    """
+
+    hidden_sizes: Sequence[int] = (32, 32)
+    use_state: bool = True
+    use_action: bool = True
+    use_next_state: bool = False
+    use_done: bool = False
+    observation_space: Any = None
+    action_space: Any = None
+    normalize_images: bool = True
+    activation: Callable[[Array], Array] = nn.relu
+
+    def __post_init__(self):
+        object.__setattr__(self, "hidden_sizes", tuple(int(h) for h in self.hidden_sizes))
+        object.__setattr__(self, "observation_space", as_space(self.observation_space))
+        object.__setattr__(self, "action_space", as_space(self.action_space))
+        if not (self.use_state or self.use_action or self.use_next_state or self.use_done):
+            raise ValueError("RewardMLP needs at least one input: set use_state, use_action, use_next_state or use_done")
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(self, state: Array, action: Array, next_state: Array, done: Array) -> Array:
+        batch_shape = tuple(jnp.shape(done))
+        parts = []
+        if self.use_state:
+            parts.append(_features(self.observation_space, state, batch_shape, self.normalize_images, "state"))
+        if self.use_action:
+            parts.append(_features(self.action_space, action, batch_shape, self.normalize_images, "action"))
+        if self.use_next_state:
+            parts.append(_features(self.observation_space, next_state, batch_shape, self.normalize_images, "next_state"))
+        if self.use_done:
+            parts.append(jnp.asarray(done, jnp.float32)[..., None])
+        x = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
+        # one 2-D matrix of rows: XLA's CPU dot kernels are faster on [rows, features] than on
+        # the same contraction with several batch dimensions
+        x = x.reshape(-1, x.shape[-1])
+        for i, width in enumerate(self.hidden_sizes):
+            x = self.activation(nn.Dense(width, name=f"dense{i}")(x))
+        return nn.Dense(1, name="dense_final")(x)[:, 0].reshape(batch_shape)
+
+
+class PotentialMLP(nn.Module):
+    """imitation's ``BasicPotentialMLP``: ``phi(state)`` from the flattened, preprocessed state.
+
+    Call: ``potential.apply(params, state) -> f32[batch]`` where the batch shape
+    is ``state.shape`` minus the observation space's shape (or minus the last
+    axis when no space is given).
+    """
+
+    hidden_sizes: Sequence[int] = (32, 32)
+    observation_space: Any = None
+    normalize_images: bool = True
+    activation: Callable[[Array], Array] = nn.relu
+
+    def __post_init__(self):
+        object.__setattr__(self, "hidden_sizes", tuple(int(h) for h in self.hidden_sizes))
+        object.__setattr__(self, "observation_space", as_space(self.observation_space))
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(self, state: Array) -> Array:
+        state = jnp.asarray(state)
+        nd = len(self.observation_space.shape) if self.observation_space is not None else 1
+        batch_shape = tuple(state.shape[: state.ndim - nd])
+        x = _features(self.observation_space, state, batch_shape, self.normalize_images, "state")
+        for i, width in enumerate(self.hidden_sizes):
+            x = self.activation(nn.Dense(width, name=f"dense{i}")(x))
+        return nn.Dense(1, name="dense_final")(x)[..., 0]
+
+
+class ShapedRewardNet(nn.Module):
+    """Potential-based shaping of a base reward net (imitation ``ShapedRewardNet``).
+
+    ``r(s, a, s', d) = base(s, a, s', d) + discount_factor * (1 - d) * phi(s') - phi(s)``;
+    the potential of terminal states is fixed to zero so that shaping keeps the
+    optimal policy with variable-length episodes.
+
+    Attributes:
+      base: a reward module called as ``base(state, action, next_state, done)``.
+      potential: a module called as ``potential(state)``.
+      discount_factor: shaping discount (static; imitation default 0.99).
+
+    References:
+      Ng, Harada, Russell (1999), "Policy invariance under reward transformations".
+    """
+
+    base: nn.Module
+    potential: nn.Module
+    discount_factor: float = 0.99
+
+    @nn.compact
+    def __call__(self, state: Array, action: Array, next_state: Array, done: Array) -> Array:
+        r = self.base(state, action, next_state, done)
+        new_phi = self.potential(next_state).reshape(r.shape)
+        old_phi = self.potential(state).reshape(r.shape)
+        return r + self.discount_factor * (1.0 - jnp.asarray(done, jnp.float32)) * new_phi - old_phi
+
+
+def basic_shaped_reward_net(
+    observation_space: Any = None,
+    action_space: Any = None,
+    *,
+    reward_hidden_sizes: Sequence[int] = (32,),
+    potential_hidden_sizes: Sequence[int] = (32, 32),
+    use_state: bool = True,
+    use_action: bool = True,
+    use_next_state: bool = False,
+    use_done: bool = False,
+    discount_factor: float = 0.99,
+    normalize_images: bool = True,
+) -> ShapedRewardNet:
+    """imitation's ``BasicShapedRewardNet``: a :class:`RewardMLP` shaped by a :class:`PotentialMLP`."""
+    base = RewardMLP(
+        hidden_sizes=reward_hidden_sizes, use_state=use_state, use_action=use_action,
+        use_next_state=use_next_state, use_done=use_done, observation_space=observation_space,
+        action_space=action_space, normalize_images=normalize_images,
+    )
+    potential = PotentialMLP(
+        hidden_sizes=potential_hidden_sizes, observation_space=observation_space,
+        normalize_images=normalize_images,
+    )
+    return ShapedRewardNet(base=base, potential=potential, discount_factor=discount_factor)
+
+
+# ------------------------------------------------------------------ ensembles
+def ensemble_init(key: Any, module: nn.Module, example_inputs: Sequence[Any], num_members: int) -> Any:
+    """Initialise ``num_members`` independent copies of ``module``, params stacked on axis 0.
+
+    Args:
+      key: PRNG key or int seed (split into one key per member).
+      module: a flax module.
+      example_inputs: positional inputs of ``module`` (any batch size, only shapes matter).
+      num_members: ``M >= 2``.
+
+    Returns:
+      The params pytree with a leading member axis ``M`` on every leaf.
+
+    Raises:
+      ValueError: ``num_members < 2`` ("Must be at least 2 member in the ensemble.", as imitation).
+    """
+    if isinstance(num_members, bool) or not isinstance(num_members, int | np.integer):
+        raise ValueError(f"num_members must be a static Python int, got {type(num_members).__name__}")
+    if num_members < 2:
+        raise ValueError("Must be at least 2 member in the ensemble.")
+    keys = jax.random.split(as_key(key), int(num_members))
+    return _ensemble_init_jit(module, keys, tuple(example_inputs))
+
+
+@partial(jax.jit, static_argnums=0)
+def _ensemble_init_jit(module, keys, example_inputs):
+    return jax.vmap(lambda k: module.init(k, *example_inputs))(keys)
+
+
+def ensemble_apply(module: nn.Module, params: Any, *inputs: Any, chunk_size: int | None = None) -> Array:
+    """Rewards of every member: ``f32[*batch, M]`` (member axis last, like imitation's
+    ``predict_processed_all``). Differentiable with respect to ``params``.
+
+    Args:
+      module: reward module, called as ``module.apply(p, *inputs)``.
+      params: member-stacked params (leading axis ``M``).
+      *inputs: the module's inputs; the batch shape is the shape of the last
+        one (``done`` for reward modules).
+      chunk_size: optional static row count. All members run at once under
+        ``jax.vmap`` by default; with ``chunk_size`` the flattened batch is cut
+        into chunks of that many rows and chunks and members are visited with
+        ``lax.map``, which keeps the activations cache-sized: for 10^5 rows
+        and 5 (32, 32) members this is several times faster on CPU.
+    """
+    if chunk_size is None:
+        out = jax.vmap(lambda p: module.apply(p, *inputs))(params)
+        return jnp.moveaxis(out, 0, -1)
+    chunk = int(chunk_size)
+    if chunk < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    batch = tuple(jnp.shape(inputs[-1]))
+    rows = int(np.prod(batch, dtype=np.int64))
+    chunk = min(chunk, max(rows, 1))
+    n = max(1, -(-rows // chunk))
+
+    def split(x):
+        if x is None:
+            return None
+        x = jnp.asarray(x)
+        x = x.reshape((rows,) + x.shape[len(batch):])
+        x = jnp.pad(x, [(0, n * chunk - rows)] + [(0, 0)] * (x.ndim - 1))
+        return x.reshape((n, chunk) + x.shape[1:])
+
+    chunks = tuple(split(x) for x in inputs)
+    out = jax.lax.map(lambda xs: jax.lax.map(lambda p: module.apply(p, *xs), params), chunks)  # [n, M, chunk]
+    out = jnp.moveaxis(out, 1, -1).reshape(n * chunk, -1)[:rows]
+    return out.reshape(batch + (out.shape[-1],))
+
+
+def ensemble_moments(member_rewards: Array, axis: int = -1) -> tuple[Array, Array]:
+    """Mean and unbiased (ddof=1) variance over the member axis.
+
+    Args:
+      member_rewards: ``f32[..., M]`` with ``M >= 2``.
+
+    Returns:
+      ``(mean f32[...], var f32[...])`` as imitation's ``RewardEnsemble.predict_reward_moments``.
+    """
+    r = jnp.asarray(member_rewards, jnp.float32)
+    if r.ndim == 0 or r.shape[axis] < 2:
+        raise ValueError(f"member_rewards needs a member axis of size >= 2 at axis {axis}, got shape {r.shape}")
+    return jnp.mean(r, axis=axis), jnp.var(r, axis=axis, ddof=1)
+
+
+def add_std(mean: Array, var: Array, alpha: Any = 0.0) -> Array:
+    """``mean + alpha * sqrt(var)``: imitation's ``AddSTDRewardWrapper`` (optimism /
+    pessimism bonus for the agent's reward; never used to train the reward net)."""
+    return jnp.asarray(mean, jnp.float32) + jnp.asarray(alpha, jnp.float32) * jnp.sqrt(jnp.maximum(var, 0.0))
+
+
+def ensemble_reward(module: nn.Module, params: Any, *inputs: Any, alpha: Any = 0.0) -> Array:
+    """Processed ensemble reward for the agent: ``add_std(*ensemble_moments(r), alpha)``.
+
+    With ``alpha = 0`` this is the member mean (imitation's ``RewardEnsemble.predict``).
+    """
+    return add_std(*ensemble_moments(ensemble_apply(module, params, *inputs)), alpha)
+
+
+def num_members(module: nn.Module, params: Any, example_inputs: Sequence[Any]) -> int | None:
+    """``M`` if ``params`` carry a leading member axis (from :func:`ensemble_init`), else None.
+
+    Compares the params' leaf shapes with ``jax.eval_shape`` of a single ``module.init``.
+
+    Raises:
+      ValueError: the shapes match neither a single net nor a stack of them.
+    """
+    single = jax.eval_shape(lambda: module.init(jax.random.key(0), *example_inputs))
+    s_leaves = jax.tree.leaves(single)
+    p_leaves = jax.tree.leaves(params)
+    if jax.tree.structure(single) != jax.tree.structure(params):
+        raise ValueError("params do not have the structure of module.init(...)")
+    if all(tuple(a.shape) == tuple(b.shape) for a, b in zip(s_leaves, p_leaves)):
+        return None
+    ms = {tuple(b.shape)[0] for b in p_leaves if len(b.shape) >= 1}
+    if len(ms) == 1 and all(tuple(b.shape[1:]) == tuple(a.shape) for a, b in zip(s_leaves, p_leaves)):
+        return int(ms.pop())
+    raise ValueError("params are neither the params of module nor a member-stacked ensemble of them")
+
+
+# ---------------------------------------------------- reward normalisation
+@struct.dataclass
+class RewardNormState:
+    """Running statistics for normalising predicted rewards (imitation ``RunningNorm`` / ``EMANorm``).
+
+    Attributes:
+      mean, var: ``f32[]`` running mean and (population) variance; start at 0 and 1.
+      count: ``i32[]`` number of values seen.
+      inv_learning_rate: ``f32[]`` EMA only: ``sum_k decay**k`` over the batches seen.
+      num_batches: ``i32[]`` number of updates.
+      decay: ``f32[]`` EMA decay (a leaf, so it can be swept without recompiling).
+      kind: ``"running"`` (Chan et al. parallel update) or ``"ema"`` (static).
+    """
+
+    mean: Array
+    var: Array
+    count: Array
+    inv_learning_rate: Array
+    num_batches: Array
+    decay: Array
+    kind: str = struct.field(pytree_node=False, default="running")
+
+
+def reward_norm_init(kind: str = "running", decay: float = 0.99) -> RewardNormState:
+    """Identity normaliser (mean 0, var 1). ``kind``: ``"running"`` or ``"ema"``; ``0 < decay < 1``."""
+    if kind not in ("running", "ema"):
+        raise ValueError(f"kind must be 'running' or 'ema', got {kind!r}")
+    if isinstance(decay, int | float) and not 0 < decay < 1:
+        raise ValueError("decay must be between 0 and 1")
+    return RewardNormState(
+        mean=jnp.zeros((), jnp.float32), var=jnp.ones((), jnp.float32), count=jnp.zeros((), jnp.int32),
+        inv_learning_rate=jnp.zeros((), jnp.float32), num_batches=jnp.zeros((), jnp.int32),
+        decay=jnp.asarray(decay, jnp.float32), kind=kind,
+    )
+
+
+def reward_norm_update(state: RewardNormState, batch: Array, mask: Array | None = None) -> RewardNormState:
+    """Fold a batch of rewards into the statistics (imitation ``update_stats``).
+
+    Args:
+      state: current statistics.
+      batch: ``f32[...]`` rewards (flattened).
+      mask: optional ``bool[...]``; only True entries count. An empty batch
+        leaves the state unchanged.
+    """
+    x = jnp.asarray(batch, jnp.float32).reshape(-1)
+    m = jnp.ones(x.shape, bool) if mask is None else jnp.broadcast_to(jnp.asarray(mask, bool), jnp.shape(batch)).reshape(-1)
+    n_i = jnp.sum(m, dtype=jnp.int32)
+    n = n_i.astype(jnp.float32)
+    safe_n = jnp.maximum(n, 1.0)
+    b_mean = jnp.sum(jnp.where(m, x, 0.0)) / safe_n
+    b_var = jnp.sum(jnp.where(m, jnp.square(x - b_mean), 0.0)) / safe_n
+    delta = b_mean - state.mean
+    if state.kind == "running":
+        old = state.count.astype(jnp.float32)
+        tot = old + n
+        safe_tot = jnp.maximum(tot, 1.0)
+        new_mean = state.mean + delta * n / safe_tot
+        new_var = (state.var * old + b_var * n + jnp.square(delta) * old * n / safe_tot) / safe_tot
+        new = state.replace(mean=new_mean, var=new_var, count=state.count + n_i, num_batches=state.num_batches + 1)
+    else:
+        inv_lr = state.inv_learning_rate + state.decay ** state.num_batches.astype(jnp.float32)
+        lr = 1.0 / inv_lr
+        new_mean = state.mean + lr * delta
+        new_var = state.var + lr * (b_var + (1.0 - lr) * jnp.square(delta) - state.var)
+        new = state.replace(
+            mean=new_mean, var=new_var, count=state.count + n_i, inv_learning_rate=inv_lr,
+            num_batches=state.num_batches + 1,
+        )
+    return jax.tree.map(lambda a, b: jnp.where(n_i > 0, a, b), new, state)
+
+
+def reward_norm_apply(state: RewardNormState, rewards: Array, eps: float = 1e-5) -> Array:
+    """``(r - mean) / sqrt(var + eps)``."""
+    return (jnp.asarray(rewards, jnp.float32) - state.mean) / jnp.sqrt(state.var + eps)
+
+
+def normalize_rewards(
+    state: RewardNormState, rewards: Array, mask: Array | None = None, update_stats: bool = True, eps: float = 1e-5
+) -> tuple[RewardNormState, Array]:
+    """imitation ``NormalizedRewardNet.predict_processed``: normalise with the current
+    statistics, then (optionally) update them with the raw rewards.
+
+    Returns:
+      ``(new_state, normalized f32[...])``.
+    """
+    out = reward_norm_apply(state, rewards, eps)
+    if update_stats:
+        state = reward_norm_update(state, rewards, mask)
+    return state, out
