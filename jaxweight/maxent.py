@@ -926,6 +926,26 @@ def _zero_std_rows(m: _Moments) -> tuple[Array, Array]:
     return nonempty & (pop <= _ZERO_STD), nonempty
 
 
+def _utility_inputs(utilities: Any, mask: Any, truncated: Any) -> tuple[Array, Array, Array]:
+    """``(u f32[P, G], mask bool[P, G], finite bool[P, G])`` after validation and zero-truncation."""
+    u = _matrix(utilities, "utilities")
+    m_in = _mask(mask, u, "utilities")
+    if truncated is not None:
+        u = zero_truncated(u, truncated)
+    return u, m_in, jnp.isfinite(u)
+
+
+def _utility_statistics(u: Array, valid: Array, n: Array, nf: Array, scale: str, eps: Any, ddof: int,
+                        baseline: str):
+    """Zero the invalid utilities, then row max, moments, the zero-std statistics and the advantages."""
+    u = jnp.where(valid, u, 0.0)
+    umax = _row_max(u, valid)
+    mom = _row_moments(u, valid, n, umax)
+    stats = _moments_and_zero_std(mom, nf)
+    adv = _advantages_from(mom, valid, scale, jnp.asarray(eps, jnp.float32), ddof, baseline)
+    return u, umax, mom, stats, adv
+
+
 def _moments_and_zero_std(m: _Moments, nf: Array) -> tuple[Array, Array, Array, Array, Array]:
     """``(mean, std, zero_std, frac_zero_std, num_nonfinite)`` with one pooled reduction."""
     zero, nonempty = _zero_std_rows(m)
@@ -986,18 +1006,11 @@ def compute_reward_statistics(
         stats.advantages, stats.q, stats.frac_zero_std
     """
     ddof = _check_scale(scale, baseline, ddof)
-    u = _matrix(utilities, "utilities")
-    m_in = _mask(mask, u, "utilities")
-    if truncated is not None:
-        u = zero_truncated(u, truncated)
-    finite = jnp.isfinite(u)
+    u, m_in, finite = _utility_inputs(utilities, mask, truncated)
     valid = m_in & finite
     n, _, nf = _count_rows(m_in, finite)
-    u = jnp.where(valid, u, 0.0)
-    umax = _row_max(u, valid)
-    mom = _row_moments(u, valid, n, umax)
-    mean, std, zero, frac, num_nonfinite = _moments_and_zero_std(mom, nf)
-    adv = _advantages_from(mom, valid, scale, jnp.asarray(eps, jnp.float32), ddof, baseline)
+    u, umax, mom, (mean, std, zero, frac, num_nonfinite), adv = _utility_statistics(
+        u, valid, n, nf, scale, eps, ddof, baseline)
     p = u.shape[0]
     h = jnp.zeros((p,), jnp.float32)
     sc = jnp.ones((p,), jnp.float32)
@@ -1135,11 +1148,7 @@ def maxent_step(
       :class:`MaxEntStepOutput`.
     """
     ddof = _check_scale(scale, baseline, ddof)
-    u = _matrix(utilities, "utilities")
-    m_in = _mask(mask, u, "utilities")
-    if truncated is not None:
-        u = zero_truncated(u, truncated)
-    finite = jnp.isfinite(u)
+    u, m_in, finite = _utility_inputs(utilities, mask, truncated)
     valid_u = m_in & finite
     # the weights additionally need a usable reference log-prob / token count
     valid = valid_u
@@ -1152,12 +1161,8 @@ def maxent_step(
         tok = _other(token_counts, u, "utilities", "token_counts")
         valid = valid & jnp.isfinite(tok)
     n, n_w, nf = _count_rows(m_in, finite, valid)
-    u = jnp.where(valid_u, u, 0.0)
-
-    umax = _row_max(u, valid_u)
-    mom = _row_moments(u, valid_u, n, umax)
-    mean, std, zero, frac, num_nonfinite = _moments_and_zero_std(mom, nf)
-    adv = _advantages_from(mom, valid_u, scale, jnp.asarray(eps, jnp.float32), ddof, baseline)
+    u, umax, mom, (mean, std, zero, frac, num_nonfinite), adv = _utility_statistics(
+        u, valid_u, n, nf, scale, eps, ddof, baseline)
     q, logq = _q_from(u, valid_u, n, jnp.asarray(q_temperature, jnp.float32),
                       jnp.asarray(q_epsilon, jnp.float32), umax)
 

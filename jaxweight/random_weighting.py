@@ -501,8 +501,9 @@ def _schedule_fused(key: Array, cfg: RandomWeightingConfig, T: int, S: int) -> t
     return jnp.transpose(out, (1, 2, 0)), base
 
 
-def _schedule_vmap(key: Array, cfg: RandomWeightingConfig, T: int, S: int) -> tuple[Array, Array]:
-    """The key contract written as the loop, vmapped (any key implementation)."""
+def _schedule_looped(key: Array, cfg: RandomWeightingConfig, T: int, S: int, mapper) -> tuple[Array, Array]:
+    """The key contract written as the loop, with ``mapper`` (``jax.vmap`` or ``lax.map``)
+    over trajectories and steps."""
     K = len(cfg.components)
     if T == 0:
         return jnp.zeros((0, S, K), jnp.float32), jnp.zeros((0, K), jnp.float32)
@@ -512,28 +513,21 @@ def _schedule_vmap(key: Array, cfg: RandomWeightingConfig, T: int, S: int) -> tu
         s = _init_core(k_init, cfg)
         if S == 0:
             return jnp.zeros((0, K), jnp.float32), s.base_log_weights
-        lw = jax.vmap(lambda ks: _step_core(s, ks, cfg).log_weights)(jax.random.split(k_steps, S))
+        lw = mapper(lambda ks: _step_core(s, ks, cfg).log_weights)(jax.random.split(k_steps, S))
         return lw, s.base_log_weights
 
-    return jax.vmap(trajectory)(jax.random.split(key, T))
+    return mapper(trajectory)(jax.random.split(key, T))
+
+
+def _schedule_vmap(key: Array, cfg: RandomWeightingConfig, T: int, S: int) -> tuple[Array, Array]:
+    """The key contract written as the loop, vmapped (any key implementation)."""
+    return _schedule_looped(key, cfg, T, S, jax.vmap)
 
 
 def _schedule_map(key: Array, cfg: RandomWeightingConfig, T: int, S: int) -> tuple[Array, Array]:
     """The key contract as a sequential ``lax.map`` loop: exact for any key implementation,
     including ``rbg``, whose draws are not the same under ``vmap`` as one key at a time."""
-    K = len(cfg.components)
-    if T == 0:
-        return jnp.zeros((0, S, K), jnp.float32), jnp.zeros((0, K), jnp.float32)
-
-    def trajectory(k):
-        k_init, k_steps = jax.random.split(k)
-        s = _init_core(k_init, cfg)
-        if S == 0:
-            return jnp.zeros((0, K), jnp.float32), s.base_log_weights
-        lw = lax.map(lambda ks: _step_core(s, ks, cfg).log_weights, jax.random.split(k_steps, S))
-        return lw, s.base_log_weights
-
-    return lax.map(trajectory, jax.random.split(key, T))
+    return _schedule_looped(key, cfg, T, S, lambda f: functools.partial(lax.map, f))
 
 
 _SCHEDULERS = {"fused": _schedule_fused, "vmap": _schedule_vmap, "map": _schedule_map}
