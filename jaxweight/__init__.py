@@ -9,6 +9,7 @@ Submodules (imported on first use, so ``import jaxweight`` stays cheap):
 - ``jaxweight.controllers``       tau / beta / meta controllers (maxent_grpo)
 - ``jaxweight.preference``        reward learning from preference comparisons (imitation)
 - ``jaxweight.sync``              learner -> actor weight sync (torchrl UpdateWeights)
+- ``jaxweight.distributed``       meshes, data-parallel reward training, multi-host helpers
 - ``jaxweight.checkpoint``        atomic msgpack checkpoints of any state pytree
 """
 
@@ -24,6 +25,7 @@ _SUBMODULES = (
     "controllers",
     "preference",
     "sync",
+    "distributed",
     "checkpoint",
 )
 __all__ = ["__version__", *_SUBMODULES]
