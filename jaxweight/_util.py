@@ -196,6 +196,12 @@ def masked_softmax(logits: Array, mask: Array | None, axis: int = -1) -> Array:
 
 
 # --------------------------------------------------------- file helpers
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically: temp file in the same folder, fsync, rename.
 
@@ -207,6 +213,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
+            # mkstemp creates the file 0600; give it the permissions open() would (0666 less the umask)
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

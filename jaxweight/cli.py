@@ -16,7 +16,7 @@ DEMOS = {
     "grpo": "jaxweight.demos.grpo",
     "preferences": "jaxweight.demos.preferences",
 }
-DEFAULT_DEMO = "awr"
+DEFAULT_DEMO = "preferences"  # the main job: preference comparisons with a PPO agent
 
 BENCH_MODULES = ("random_weighting", "curriculum", "maxent", "preference", "sync")
 

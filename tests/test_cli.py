@@ -22,8 +22,19 @@ def test_unknown_demo(capsys):
     assert "unknown demo 'nope'" in capsys.readouterr().err
 
 
-def test_default_demo_is_registered():
-    assert cli.DEFAULT_DEMO in cli.DEMOS
+def test_default_demo_is_the_preference_loop(monkeypatch):
+    """`python -m jaxweight demo` with no name runs the preference-comparisons demo (the main job)."""
+    assert cli.DEFAULT_DEMO == "preferences" and cli.DEFAULT_DEMO in cli.DEMOS
+    seen = []
+
+    class Fake:
+        @staticmethod
+        def main(argv):
+            seen.append(argv)
+            return 0
+
+    monkeypatch.setattr(cli.importlib, "import_module", lambda name: Fake if name == cli.DEMOS["preferences"] else None)
+    assert cli.demo(["--quick"]) == 0 and seen == [["--quick"]]
 
 
 def test_ci_runs_the_readme_test_command():

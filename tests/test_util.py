@@ -1,3 +1,6 @@
+import os
+import stat
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,3 +71,15 @@ def test_atomic_write_json(tmp_path):
     p = U.atomic_write_json(tmp_path / "a" / "b.json", {"x": 1})
     assert p.read_text().strip().startswith("{")
     assert sorted(q.name for q in (tmp_path / "a").iterdir()) == ["b.json"]
+
+
+def test_atomic_write_gives_the_permissions_of_a_plain_write(tmp_path):
+    """Results written atomically are as readable as files written with open() (not mkstemp's 0600)."""
+    old = os.umask(0o022)
+    try:
+        p = U.atomic_write_bytes(tmp_path / "r.bin", b"x")
+        q = tmp_path / "plain.bin"
+        q.write_bytes(b"x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(p.stat().st_mode) == stat.S_IMODE(q.stat().st_mode) == 0o644

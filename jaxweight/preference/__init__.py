@@ -12,7 +12,12 @@ comparisons becomes one jittable array call:
 - teachers: :func:`synthetic_preferences` (with B-Pref's noisy teachers);
 - :class:`PreferenceBuffer` (FIFO ring buffer);
 - :class:`RewardTrainer` and its pure core (:func:`train_epoch`, :func:`train_epochs`, ...);
-- query schedules: :data:`QUERY_SCHEDULES`, :func:`oric`, :func:`allocate_comparisons`.
+- query schedules: :data:`QUERY_SCHEDULES`, :func:`oric`, :func:`allocate_comparisons`;
+- the loop: :class:`PreferenceComparisons` (``loop.py``), trajectory generators
+  (:class:`AgentGenerator` with PPO, :class:`DatasetGenerator`, ``generators.py``)
+  and fixed-horizon gymnax environments (``envs.py``). These need gymnax (the
+  ``rl`` extra) and are imported on first use: ``from jaxweight.preference import
+  PreferenceComparisons`` or ``from jaxweight.preference.loop import ...``.
 """
 
 from .buffer import PreferenceBuffer, buffer_init, buffer_mask, buffer_ordered, buffer_push, buffer_size
@@ -121,3 +126,23 @@ __all__ = [
     # schedules
     "QUERY_SCHEDULES", "get_schedule", "oric", "allocate_comparisons",
 ]
+
+# The loop, generators and environments import gymnax (the ``rl`` extra): loaded on first access.
+_LAZY = {
+    "loop": ("PreferenceComparisons", "LoopState", "LoopHParams", "LoopPlan", "RoundInput", "AgentReward",
+             "learned_reward_fn", "push_first", "train_reward", "predicted_rewards", "reward_correlation",
+             "preference_accuracy"),
+    "generators": ("AgentGenerator", "AgentState", "DatasetGenerator", "DatasetState", "HostGenerator",
+                   "TrajectoryGenerator", "PPOConfig", "PPOHParams", "PPOState", "ActorCritic", "take_steps"),
+    "envs": ("FixedHorizonCartPole", "FixedHorizonPendulum", "LearnedRewardEnv", "LearnedRewardParams",
+             "LearnedRewardState", "SquashedObsReward", "make_env", "oracle_reward", "reward_net"),
+}
+
+
+def __getattr__(name):
+    for module, names in _LAZY.items():
+        if name in names:
+            import importlib
+
+            return getattr(importlib.import_module(f".{module}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,398 @@
+"""Demo ``preferences``: learn a reward from synthetic comparisons and train a PPO agent on it only.
+
+The main job of jaxweight (imitation's preference comparisons, Christiano et
+al. 2017), on gymnax environments built in (no download):
+
+- ``cartpole`` (default): CartPole with seals' fixed horizon. Every episode
+  lasts 500 steps; the true reward is 1 while the pole is upright and the cart
+  in bounds and 0 otherwise; nothing terminates early. (With CartPole-v1 every
+  step pays 1, so fragments tie and carry no information, and the episode
+  length leaks the reward; the loop refuses variable horizons.)
+- ``pendulum``: Pendulum-v1 (continuous torque, horizon 200, dense negative reward).
+
+For several seeds at once (``jax.vmap``, one compiled program per round) the
+loop asks a synthetic teacher to compare short fragments of the agent's
+episodes, fits an ensemble of reward nets to the answers and trains PPO on
+the ensemble's reward; the agent never sees the true reward. The loop state
+is checkpointed after every round (``--resume`` continues a killed run).
+
+Reported per seed and across seeds:
+
+- the agent's ground-truth return (32 evaluation episodes, stochastic policy);
+- the reward ensemble's accuracy on *held-out* comparisons: 2,000 fresh
+  fragment pairs cut from episodes of the final agent, of the final agent with
+  random-action exploration and of an untrained agent, judged against the
+  noiseless teacher (pairs whose true returns tie carry no preference and are
+  left out);
+- the Pearson correlation of learned and true rewards on the transitions of
+  those episodes;
+- PPO trained on the true reward with the same number of agent steps.
+
+Quality goals of the default (``cartpole``, 4 seeds): mean return >= 450 of
+500, held-out accuracy >= 90%, wall time <= 10 minutes on a 2-core CPU.
+
+Run ``python -m jaxweight demo preferences [--quick] [--resume] [--out DIR]
+[--env cartpole|pendulum] [--seeds N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxweight._util import atomic_write_bytes, atomic_write_json
+from jaxweight.preference import RewardTrainer, concatenate_trajectories, random_fragments
+from jaxweight.preference.envs import make_env, reward_net
+from jaxweight.preference.generators import AgentGenerator, PPOConfig, PPOHParams
+from jaxweight.preference.loop import PreferenceComparisons, preference_accuracy, reward_correlation
+
+DEFAULT_OUT = "jaxweight-out/preferences"
+GOAL_RETURN = {"cartpole": 450.0}
+GOAL_ACCURACY = 0.90
+GOAL_WALL_S = 600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything that defines a demo run (JSON-friendly)."""
+
+    env: str
+    quick: bool
+    seeds: int
+    total_timesteps: int
+    total_comparisons: int
+    num_iterations: int
+    fragment_length: int
+    num_members: int
+    ppo_envs: int
+    ppo_steps: int
+    ppo_minibatches: int
+    ppo_epochs: int
+    learning_rate: float
+    gamma: float
+    ent_coef: float
+    eval_episodes: int = 8
+    final_episodes: int = 32
+    heldout_pairs: int = 2000
+    heldout_steps: int = 5000
+
+
+def settings(env: str = "cartpole", quick: bool = False, seeds: int | None = None) -> Settings:
+    """The demo's settings for ``env`` (``"cartpole"`` or ``"pendulum"``), full or ``quick``.
+
+    Teacher: temperature 1, answering with the Bradley-Terry probability
+    itself (imitation's ``sample=False``), so pairs of equal return get the
+    label 0.5 instead of a coin flip. Reward model: an ensemble of 3 state-only
+    MLPs on squashed observations (:func:`~jaxweight.preference.envs.reward_net`).
+    Short fragments (20 steps): an untrained CartPole agent stays up ~20 steps
+    out of 500, and only fragments that lie inside that stretch tell "upright"
+    apart from "falling".
+    """
+    if env == "cartpole":
+        base = dict(total_timesteps=1_000_000, total_comparisons=2_000, num_iterations=10, fragment_length=20,
+                    num_members=3, ppo_envs=8, ppo_steps=64, ppo_minibatches=4, ppo_epochs=4, learning_rate=1e-3,
+                    gamma=0.99, ent_coef=0.01)
+        if quick:
+            base.update(total_timesteps=600_000, total_comparisons=1_000, num_iterations=6)
+    elif env == "pendulum":
+        base = dict(total_timesteps=600_000, total_comparisons=2_000, num_iterations=10, fragment_length=20,
+                    num_members=3, ppo_envs=16, ppo_steps=128, ppo_minibatches=16, ppo_epochs=10,
+                    learning_rate=1e-3, gamma=0.95, ent_coef=0.0)
+        if quick:
+            base.update(total_timesteps=200_000, total_comparisons=600, num_iterations=5)
+    else:
+        raise ValueError(f"env must be 'cartpole' or 'pendulum', got {env!r}")
+    n = (2 if quick else 4) if seeds is None else int(seeds)
+    if n < 1:
+        raise ValueError(f"seeds must be >= 1, got {seeds}")
+    return Settings(env=env, quick=quick, seeds=n, **base)
+
+
+def build(s: Settings) -> PreferenceComparisons:
+    """The :class:`PreferenceComparisons` loop of the settings (PPO anneals its rate over the run)."""
+    env, env_params = make_env(s.env)
+    net = reward_net(env, env_params)
+    k = s.num_iterations
+    tpi, extra = divmod(s.total_timesteps, k)
+    agent_steps = (k + 1) * tpi + extra  # imitation trains the agent in K + 1 rounds
+    gen = AgentGenerator(
+        env, env_params,
+        config=PPOConfig(num_envs=s.ppo_envs, num_steps=s.ppo_steps, num_minibatches=s.ppo_minibatches,
+                         update_epochs=s.ppo_epochs),
+        hparams=PPOHParams.create(learning_rate=s.learning_rate, gamma=s.gamma, ent_coef=s.ent_coef,
+                                  anneal_steps=float(agent_steps)),
+    )
+    trainer = RewardTrainer(net, num_members=s.num_members, progress=False)
+    return PreferenceComparisons(
+        gen, net, num_iterations=k, fragment_length=s.fragment_length, reward_trainer=trainer,
+        sample=False, eval_episodes=s.eval_episodes,
+    )
+
+
+# ---------------------------------------------------------------- evaluation
+def _heldout(pc: PreferenceComparisons, s: Settings):
+    gen = pc.generator
+    explore = gen.replace(exploration_frac=1.0)
+
+    def one(gen_state, reward_params, key):
+        k_init, k_a, k_b, k_c, k_pairs, k_eval = jax.random.split(key, 6)
+        parts = [
+            gen.sample(gen_state, k_a, s.heldout_steps),          # the final agent
+            explore.sample(gen_state, k_b, s.heldout_steps),      # ... with random-action exploration
+            gen.sample(gen.init(k_init), k_c, s.heldout_steps),   # an untrained agent
+        ]
+        trajs = concatenate_trajectories(parts)
+        pairs = random_fragments(k_pairs, trajs, s.fragment_length, s.heldout_pairs)
+        acc, decided = preference_accuracy(pc.reward_module, reward_params, pairs, ensemble=pc.ensemble)
+        corr = reward_correlation(pc.reward_module, reward_params, trajs, ensemble=pc.ensemble)
+        ret = gen.evaluate(gen_state, k_eval, s.final_episodes)
+        ret_det = gen.evaluate(gen_state, k_eval, s.final_episodes, deterministic=True)
+        return {"return": jnp.mean(ret), "return_deterministic": jnp.mean(ret_det), "heldout_accuracy": acc,
+                "heldout_decided": decided, "pearson": corr}
+
+    return jax.jit(jax.vmap(one))
+
+
+def evaluate(pc: PreferenceComparisons, s: Settings, key: Any) -> dict[str, np.ndarray]:
+    """Final per-seed metrics of the run in ``pc.state`` (arrays of shape ``[seeds]``)."""
+    st = pc.state
+    keys = jax.random.split(jax.random.key(key) if isinstance(key, int) else key, s.seeds)
+    out = _heldout(pc, s)(st.gen, st.reward.params, keys)
+    return {k: np.asarray(v) for k, v in jax.device_get(out).items()}
+
+
+def true_reward_baseline(pc: PreferenceComparisons, s: Settings, key: Any, agent_steps: int) -> np.ndarray:
+    """Final returns ``[seeds]`` of the same PPO trained on the environment's true reward for ``agent_steps``."""
+    gen = pc.generator.with_reward(None)
+
+    def one(k):
+        k_init, k_train, k_eval = jax.random.split(k, 3)
+        state = gen.train(gen.init(k_init), k_train, agent_steps)
+        return jnp.mean(gen.evaluate(state, k_eval, s.final_episodes))
+
+    keys = jax.random.split(jax.random.key(key) if isinstance(key, int) else key, s.seeds)
+    return np.asarray(jax.device_get(jax.jit(jax.vmap(one))(keys)))
+
+
+# ---------------------------------------------------------------- reporting
+def _mean_std(x) -> tuple[float, float]:
+    x = np.asarray(x, np.float64)
+    return float(np.mean(x)), float(np.std(x, ddof=1)) if x.size > 1 else 0.0
+
+
+def format_table(res: dict) -> str:
+    """Per-seed rows and a mean +- std row (std across seeds, ddof 1)."""
+    f = res["final"]
+    base = res.get("baseline_return")
+    cols = ["seed", "true return", "greedy", "held-out acc", "decided", "pearson", "train acc"]
+    if base is not None:
+        cols.append("PPO on true r")
+    w = [5, 14, 8, 13, 8, 11, 10, 14]
+    lines = ["  ".join(c.rjust(n) for c, n in zip(cols, w)), "-" * (sum(w[:len(cols)]) + 2 * (len(cols) - 1))]
+    train_acc = np.asarray(res["history"][-1]["reward_accuracy"], np.float64).reshape(-1)
+    for i in range(len(f["return"])):
+        row = [str(i), f"{f['return'][i]:.1f}", f"{f['return_deterministic'][i]:.1f}",
+               f"{100 * f['heldout_accuracy'][i]:.1f}%", str(int(f['heldout_decided'][i])), f"{f['pearson'][i]:.3f}",
+               f"{100 * train_acc[i]:.1f}%"]
+        if base is not None:
+            row.append(f"{base[i]:.1f}")
+        lines.append("  ".join(c.rjust(n) for c, n in zip(row, w)))
+    lines.append("-" * len(lines[1]))
+
+    def ms(x, pct=False, digits=1):
+        m, sd = _mean_std(x)
+        k = 100.0 if pct else 1.0
+        return f"{k * m:.{digits}f}+-{k * sd:.{digits}f}" + ("%" if pct else "")
+
+    row = ["mean", ms(f["return"]), ms(f["return_deterministic"], digits=0), ms(f["heldout_accuracy"], True),
+           str(int(np.sum(f["heldout_decided"]))), ms(f["pearson"], digits=2), ms(train_acc, True, 0)]
+    if base is not None:
+        row.append(ms(base))
+    lines.append("  ".join(c.rjust(n) for c, n in zip(row, w)))
+    lines.append(textwrap.fill("true return / greedy: ground-truth return of the agent trained on the learned reward only "
+                 "(sampled / greedy actions); held-out acc: reward ensemble vs the noiseless teacher on fresh "
+                 "pairs, ties left out (decided = pairs counted); pearson: learned vs true reward per transition"
+                 + ("; PPO on true r: same PPO, same steps, on the true reward" if base is not None else "")
+                 + "; +- is the std across seeds", width=100))
+    return "\n".join(lines)
+
+
+def goals(res: dict) -> list[tuple[str, bool]]:
+    """The quality goals of the default run: ``[(description, met)]`` (empty for other envs)."""
+    s = res["settings"]
+    if s["env"] not in GOAL_RETURN:
+        return []
+    ret = float(np.mean(res["final"]["return"]))
+    acc = float(np.mean(res["final"]["heldout_accuracy"]))
+    out = [(f"mean ground-truth return {ret:.1f} >= {GOAL_RETURN[s['env']]:.0f}", ret >= GOAL_RETURN[s["env"]]),
+           (f"mean held-out accuracy {100 * acc:.1f}% >= {100 * GOAL_ACCURACY:.0f}%", acc >= GOAL_ACCURACY)]
+    if not s["quick"]:
+        out.append((f"wall time {res['wall_s']:.0f} s <= {GOAL_WALL_S:.0f} s", res["wall_s"] <= GOAL_WALL_S))
+    return out
+
+
+def plot(res: dict, path: Path) -> Path:
+    """Ground-truth return and reward-model accuracy per round, across seeds (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hist = res["history"]
+    steps = np.cumsum([np.mean(h["agent_steps"]) for h in hist]) / 1e3
+    gt = np.array([np.asarray(h["gt_return"], np.float64).reshape(-1) for h in hist])        # [R, S]
+    acc = np.array([np.asarray(h["reward_accuracy"], np.float64).reshape(-1) for h in hist])
+    fig, ax = plt.subplots(1, 2, figsize=(12, 4.5))
+    for i in range(gt.shape[1]):
+        ax[0].plot(steps, gt[:, i], color="tab:blue", alpha=0.3, lw=1)
+    ax[0].plot(steps, gt.mean(1), color="tab:blue", lw=2, label=f"learned reward (mean of {gt.shape[1]} seeds)")
+    ax[0].fill_between(steps, gt.min(1), gt.max(1), color="tab:blue", alpha=0.12, label="min-max over seeds")
+    if res.get("baseline_return") is not None:
+        b = float(np.mean(res["baseline_return"]))
+        ax[0].axhline(b, color="tab:green", ls="--", label=f"PPO on the true reward, same steps ({b:.0f})")
+    if res["settings"]["env"] in GOAL_RETURN:
+        ax[0].axhline(GOAL_RETURN[res["settings"]["env"]], color="k", ls=":", lw=1, label="goal")
+    ax[0].set_xlabel("agent steps (thousands)")
+    ax[0].set_ylabel("ground-truth return")
+    ax[0].set_title(f"{res['settings']['env']}: agent trained on the learned reward only")
+    ax[0].legend(loc="lower right", fontsize=8)
+    fresh = np.array([np.asarray(h["fresh_accuracy"], np.float64).reshape(-1) for h in hist])   # [R, S]
+    for i in range(fresh.shape[1]):
+        ax[1].plot(steps, fresh[:, i], color="tab:orange", alpha=0.3, lw=1)
+    with np.errstate(all="ignore"):  # rounds whose new pairs all tie have no accuracy (NaN)
+        fresh_mean = np.array([np.nanmean(r) if np.isfinite(r).any() else np.nan for r in fresh])
+    ax[1].plot(steps, fresh_mean, color="tab:orange", lw=2, marker=".",
+               label="on each round's new comparisons, before training on them")
+    ax[1].plot(steps, acc.mean(1), color="tab:gray", lw=1, ls="--",
+               label="train accuracy (ties are labelled 0.5)")
+    ho = np.asarray(res["final"]["heldout_accuracy"], np.float64)
+    ax[1].errorbar([steps[-1]], [ho.mean()], yerr=[[ho.mean() - ho.min()], [ho.max() - ho.mean()]], fmt="o",
+                   color="tab:red", capsize=3, label="held-out set after the run (min-max over seeds)")
+    ax[1].axhline(GOAL_ACCURACY, color="k", ls=":", lw=1)
+    ax[1].set_ylim(0.3, 1.02)
+    ax[1].set_xlabel("agent steps (thousands)")
+    ax[1].set_ylabel("accuracy vs the noiseless teacher (ties left out)")
+    ax[1].set_title("reward ensemble")
+    ax[1].legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def _json_ready(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _json_ready(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_json_ready(v) for v in x]
+    if isinstance(x, np.ndarray | np.generic):
+        return x.tolist()
+    return x
+
+
+# ---------------------------------------------------------------- run
+def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, out: str | os.PathLike | None = None,
+        resume: bool = False, progress: bool = True, baseline: bool | None = None, seed: int = 0) -> dict:
+    """Run the demo; returns the results dict (also written to ``out/<env>[_quick].json`` with a PNG plot).
+
+    Args:
+      env: ``"cartpole"`` or ``"pendulum"``.
+      quick: the small version.
+      seeds: number of seeds run at once (default 4, quick 2).
+      out: output folder (checkpoints, JSON, plot); ``None`` writes nothing.
+      resume: continue from the checkpoint in ``out`` if there is one.
+      progress: show the progress bar.
+      baseline: also train PPO on the true reward with the same number of agent steps
+        (default: yes, except for ``quick`` runs).
+      seed: the run's key.
+    """
+    t0 = time.perf_counter()
+    s = settings(env, quick, seeds)
+    pc = build(s)
+    pc.progress = progress
+    tag = f"{env}_quick" if quick else env
+    ckpt = None if out is None else Path(out) / "checkpoints" / tag
+    plan = pc.plan(s.total_timesteps, s.total_comparisons)
+    print(f"[preferences] {env}: {s.seeds} seeds x {plan.num_rounds} rounds, {s.total_comparisons} comparisons "
+          f"of {s.fragment_length}-step fragments, {sum(plan.agent_steps):,} agent steps per seed"
+          + (f"; checkpoints in {ckpt}" if ckpt else ""), flush=True)
+    pc.train(seed, s.total_timesteps, s.total_comparisons, num_seeds=s.seeds, checkpoint_dir=ckpt, resume=resume)
+    t_loop = time.perf_counter() - t0
+    if baseline is None:
+        baseline = not quick
+    final = evaluate(pc, s, jax.random.fold_in(jax.random.key(seed), 1))
+    base = None
+    if baseline:
+        print(f"[preferences] PPO on the true reward, {sum(plan.agent_steps):,} steps per seed ...", flush=True)
+        base = true_reward_baseline(pc, s, jax.random.fold_in(jax.random.key(seed), 2), sum(plan.agent_steps))
+    wall = time.perf_counter() - t0
+    res = {
+        "settings": dataclasses.asdict(s),
+        "plan": plan.to_dict(),
+        "history": pc.history,
+        "final": final,
+        "baseline_return": base,
+        "wall_s": wall,
+        "loop_s": t_loop,
+        "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "device": str(jax.devices()[0]),
+        "jax_version": jax.__version__,
+    }
+    if out is not None:
+        out = Path(out)
+        res["plot"] = str(plot(res, out / f"{tag}.png"))
+        res["json"] = str(out / f"{tag}.json")
+        atomic_write_json(res["json"], _json_ready(res))
+    return res
+
+
+def report(res: dict) -> str:
+    """The printed summary: table, goals, wall time, files."""
+    lines = ["", format_table(res), ""]
+    for text, ok in goals(res):
+        lines.append(f"  [{'met' if ok else 'NOT met'}] {text}")
+    load = res.get("load_avg")
+    lines.append(f"  wall time {res['wall_s']:.0f} s (loop {res['loop_s']:.0f} s incl. compilation)"
+                 + (f", load average {load[0]:.2f} (1 min) on {os.cpu_count()} CPUs" if load else ""))
+    if res.get("plot"):
+        lines.append(f"  plot: {res['plot']}")
+        lines.append(f"  results: {res['json']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m jaxweight demo preferences", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small version (about a minute)")
+    ap.add_argument("--resume", action="store_true", help="continue a killed run from its last finished round")
+    ap.add_argument("--out", default=DEFAULT_OUT, help=f"folder for checkpoints, plot and JSON (default {DEFAULT_OUT})")
+    ap.add_argument("--env", default="cartpole", choices=("cartpole", "pendulum"))
+    ap.add_argument("--seeds", type=int, default=None, help="seeds run at once with jax.vmap (default 4, quick 2)")
+    ap.add_argument("--seed", type=int, default=0, help="the run's key")
+    ap.add_argument("--baseline", dest="baseline", action="store_true", default=None,
+                    help="train PPO on the true reward with the same steps (default: on, off with --quick)")
+    ap.add_argument("--no-baseline", dest="baseline", action="store_false", help="skip PPO on the true reward")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = ap.parse_args(argv)
+    if args.seeds is not None and args.seeds < 1:
+        ap.error("--seeds must be >= 1")
+    res = run(args.env, quick=args.quick, seeds=args.seeds, out=args.out, resume=args.resume,
+              progress=not args.no_progress, baseline=args.baseline, seed=args.seed)
+    print(report(res))
+    sys.stdout.flush()
+    return 0
+
+
+__all__ = ["Settings", "settings", "build", "evaluate", "true_reward_baseline", "format_table", "goals", "plot",
+           "run", "report", "main"]

@@ -1,0 +1,451 @@
+"""Fixed-horizon environments and the learned-reward wrapper for preference comparisons.
+
+Preference learning needs episodes of one fixed length: with CartPole-v1's
+early termination every step pays 1, so all fragments tie and preferences carry
+no information, and the episode length itself leaks the reward. The seals
+benchmark (https://github.com/HumanCompatibleAI/seals) fixes this with
+fixed-horizon variants; these are the gymnax counterparts:
+
+- :class:`FixedHorizonCartPole`: gymnax's CartPole-v1 physics, every episode
+  lasts exactly ``horizon`` (500) steps, the reward is 1 while the pole is
+  upright and the cart in bounds (gymnax's termination thresholds, evaluated on
+  the state after the step, as seals does) and 0 otherwise; nothing terminates
+  early, the physics keeps running.
+- :class:`FixedHorizonPendulum`: gymnax's Pendulum-v1 (continuous torque,
+  reward ``-(angle^2 + 0.1 thdot^2 + 0.001 u^2)``), horizon 200.
+
+:class:`LearnedRewardEnv` replaces an environment's reward with a learned one.
+The reward parameters travel inside the environment params pytree
+(:class:`LearnedRewardParams`), so an agent's train function that takes env
+params as an argument sees new reward params as new *values*: updating the
+reward model never recompiles the agent. The true reward is kept in
+``info["true_reward"]`` for evaluation only.
+
+Example::
+
+    env, env_params = make_env("cartpole")
+    wrapped = LearnedRewardEnv(env, lambda p, o, a, o2, d: p["w"] @ o)
+    params = LearnedRewardParams(env_params, {"w": jnp.ones(4)})
+    obs, state = wrapped.reset(key, params)
+    obs, state, r_learned, done, info = wrapped.step(key, state, 0, params)
+    info["true_reward"]  # the environment's own reward
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+import numpy as np
+from flax import struct
+from gymnax.environments import environment, spaces
+from gymnax.environments.classic_control import cartpole as _cartpole
+from gymnax.environments.classic_control import pendulum as _pendulum
+
+__all__ = [
+    "SquashedObsReward",
+    "reward_net",
+    "FixedHorizonCartPole",
+    "FixedHorizonPendulum",
+    "LearnedRewardEnv",
+    "LearnedRewardParams",
+    "LearnedRewardState",
+    "RewardFn",
+    "make_env",
+    "oracle_reward",
+    "ENVS",
+]
+
+Array = jax.Array
+
+#: ``reward_apply(reward_params, obs f32[D], action, next_obs f32[D], done bool[]) -> f32[]``
+RewardFn = Callable[[Any, Array, Array, Array, Array], Array]
+
+_F32_MAX = float(jnp.finfo(jnp.float32).max)
+
+
+class _FixedHorizonEnv(environment.Environment):
+    """A gymnax environment run for exactly ``horizon`` steps, with an ``i32`` step counter.
+
+    Subclasses set ``_inner`` (the gymnax environment), ``obs_shape``,
+    ``obs_scale``, ``_title`` and implement :meth:`_step_reward` and the spaces;
+    episodes end at ``params.max_steps_in_episode`` and never earlier.
+    """
+
+    #: every episode lasts exactly ``horizon`` steps (read by the preference loop's horizon check)
+    fixed_horizon = True
+    _title = "FixedHorizon"
+
+    def __init__(self, inner: environment.Environment, obs_shape: tuple[int, ...], horizon: int):
+        super().__init__()
+        if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
+            raise ValueError(f"horizon must be an int >= 1, got {horizon!r}")
+        self.horizon = horizon
+        self.obs_shape = obs_shape
+        self._inner = inner
+
+    def __eq__(self, other):
+        return type(other) is type(self) and other.horizon == self.horizon
+
+    def __hash__(self):
+        return hash((type(self).__name__, self.horizon))
+
+    def _step_reward(self, key, state, action, params):
+        """``(obs, new_state, reward f32[])`` of one step of the inner environment."""
+        raise NotImplementedError
+
+    def step_env(self, key, state, action, params):
+        obs, new_state, reward = self._step_reward(key, state, action, params)
+        new_state = new_state.replace(time=jnp.asarray(new_state.time, jnp.int32))
+        done = new_state.time >= params.max_steps_in_episode
+        info = {"discount": jnp.where(done, 0.0, 1.0).astype(jnp.float32)}
+        return obs, new_state, jnp.asarray(reward, jnp.float32), done, info
+
+    def reset_env(self, key, params):
+        obs, state = self._inner.reset_env(key, params)
+        return obs, state.replace(time=jnp.asarray(0, jnp.int32))
+
+    def get_obs(self, state, params=None, key=None):
+        return self._inner.get_obs(state)
+
+    def is_terminal(self, state, params):
+        return state.time >= params.max_steps_in_episode
+
+    @property
+    def name(self) -> str:
+        return f"{self._title}-{self.horizon}"
+
+
+class FixedHorizonCartPole(_FixedHorizonEnv):
+    """CartPole-v1 (gymnax physics) with a fixed horizon and a 0/1 upright reward (seals-style).
+
+    Observations ``f32[4]`` = (x, x_dot, theta, theta_dot), actions ``{0, 1}``
+    (push left / right). Reward after a step: ``1.0`` if ``|x| <= x_threshold``
+    and ``|theta| <= theta_threshold_radians`` in the new state, else ``0.0``.
+    ``done`` is True exactly at step ``horizon`` (``params.max_steps_in_episode``),
+    never earlier; after a fall the pole keeps swinging and the cart keeps moving.
+
+    Args:
+      horizon: episode length (default 500, as seals' CartPole-v0).
+
+    Example::
+
+        env = FixedHorizonCartPole()
+        obs, state = env.reset(jax.random.key(0), env.default_params)
+    """
+
+    #: typical magnitude of each observation (x and theta: the failure thresholds)
+    obs_scale = (2.4, 2.0, 12 * 2 * np.pi / 360, 2.0)
+    _title = "FixedHorizonCartPole"
+
+    def __init__(self, horizon: int = 500):
+        super().__init__(_cartpole.CartPole(), (4,), horizon)
+
+    @property
+    def default_params(self) -> _cartpole.EnvParams:
+        return _cartpole.EnvParams(max_steps_in_episode=self.horizon)
+
+    def upright(self, state: _cartpole.EnvState, params: _cartpole.EnvParams) -> Array:
+        """``bool[]``: pole within ``theta_threshold_radians`` and cart within ``x_threshold``."""
+        return (jnp.abs(state.x) <= params.x_threshold) & (
+            jnp.abs(state.theta) <= params.theta_threshold_radians
+        )
+
+    def transition_reward(self, params, obs, action, next_obs, done=None) -> Array:
+        """The true reward of one transition from observations alone (``f32[]``).
+
+        Lets the true reward go through :class:`LearnedRewardEnv` as if it were a
+        perfectly learned model (an oracle for tests and baselines).
+        """
+        del obs, action, done
+        up = (jnp.abs(next_obs[..., 0]) <= params.x_threshold) & (
+            jnp.abs(next_obs[..., 2]) <= params.theta_threshold_radians
+        )
+        return up.astype(jnp.float32)
+
+    def _step_reward(self, key, state, action, params):
+        obs, new_state, _, _, _ = self._inner.step_env(key, state, action, params)
+        return obs, new_state, self.upright(new_state, params).astype(jnp.float32)
+
+    @property
+    def num_actions(self) -> int:
+        return 2
+
+    def action_space(self, params=None) -> spaces.Discrete:
+        return spaces.Discrete(2)
+
+    def observation_space(self, params) -> spaces.Box:
+        # Unbounded: nothing stops the cart or the pole after a fall.
+        return spaces.Box(-_F32_MAX, _F32_MAX, (4,), jnp.float32)
+
+
+class FixedHorizonPendulum(_FixedHorizonEnv):
+    """Pendulum-v1 (gymnax) with a fixed horizon (200) and an ``i32`` step counter.
+
+    Observations ``f32[3]`` = (cos theta, sin theta, theta_dot), actions
+    ``f32[1]`` torque in [-2, 2], reward ``-(angle^2 + 0.1 thdot^2 + 0.001 u^2)``
+    (gymnax / gym). Pendulum never terminates early, so only the horizon is set.
+
+    Args:
+      horizon: episode length (default 200, as Pendulum-v1).
+    """
+
+    obs_scale = (1.0, 1.0, 8.0)
+    _title = "FixedHorizonPendulum"
+
+    def __init__(self, horizon: int = 200):
+        super().__init__(_pendulum.Pendulum(), (3,), horizon)
+
+    @property
+    def default_params(self) -> _pendulum.EnvParams:
+        return _pendulum.EnvParams(max_steps_in_episode=self.horizon)
+
+    def transition_reward(self, params, obs, action, next_obs=None, done=None) -> Array:
+        """The true reward of one transition from ``obs`` and ``action`` (``f32[]``); see the CartPole one."""
+        del next_obs, done
+        theta = jnp.arctan2(obs[..., 1], obs[..., 0])
+        u = jnp.clip(jnp.reshape(jnp.asarray(action, jnp.float32), (-1,))[0], -params.max_torque, params.max_torque)
+        return -(theta**2 + 0.1 * obs[..., 2] ** 2 + 0.001 * u**2)
+
+    def _step_reward(self, key, state, action, params):
+        action = jnp.reshape(jnp.asarray(action, jnp.float32), (-1,))[0]
+        obs, new_state, reward, _, _ = self._inner.step_env(key, state, action, params)
+        return obs, new_state, reward
+
+    @property
+    def num_actions(self) -> int:
+        return 1
+
+    def action_space(self, params=None) -> spaces.Box:
+        max_torque = 2.0 if params is None else params.max_torque
+        return spaces.Box(-max_torque, max_torque, (1,), jnp.float32)
+
+    def observation_space(self, params) -> spaces.Box:
+        high = jnp.array([1.0, 1.0, params.max_speed], jnp.float32)
+        return spaces.Box(-high, high, (3,), jnp.float32)
+
+
+class SquashedObsReward(nn.Module):
+    """A reward net on bounded observation features ``tanh(obs / obs_scale)``.
+
+    After a fall CartPole's cart and pole keep moving and their observations
+    grow without bound; a reward MLP on raw observations then extrapolates
+    linearly to huge rewards far from its data (the agent learns to reach
+    them, and Bradley-Terry probabilities saturate). Squashing every
+    observation dimension into ``(-1, 1)`` at its natural scale keeps the
+    learned reward bounded and flat far away.
+
+    Attributes:
+      net: the inner reward module (e.g. :class:`~jaxweight.preference.RewardMLP`),
+        called as ``net(tanh(state / s), action, tanh(next_state / s), done)``.
+      obs_scale: per-dimension scale ``s`` (a tuple, static).
+
+    Call:
+      ``apply(params, state f32[..., D], action, next_state f32[..., D], done bool[...]) -> f32[...]``.
+    """
+
+    net: nn.Module
+    obs_scale: tuple
+
+    @nn.compact
+    def __call__(self, state, action, next_state, done):
+        scale = jnp.asarray(self.obs_scale, jnp.float32)
+        squash = lambda o: jnp.tanh(jnp.asarray(o, jnp.float32) / scale)  # noqa: E731
+        return self.net(squash(state), action, squash(next_state), done)
+
+
+def reward_net(
+    env: environment.Environment,
+    env_params: Any = None,
+    *,
+    hidden_sizes: tuple[int, ...] = (32, 32),
+    use_action: bool = False,
+    use_next_state: bool = False,
+) -> nn.Module:
+    """The reward network the preference demo uses for a built-in environment.
+
+    A :class:`~jaxweight.preference.RewardMLP` on squashed observations
+    (:class:`SquashedObsReward` with the environment's ``obs_scale``). By
+    default it sees the state only: both built-in true rewards are functions
+    of the state (up to Pendulum's tiny torque cost), and an action input lets
+    the first reward model, fitted on random-policy data, credit an action
+    that merely co-occurs with good states, which a PPO agent then turns into
+    a deterministic policy it cannot unlearn.
+
+    Args:
+      env: a built-in environment (needs ``obs_scale``).
+      env_params: its params (default ``env.default_params``).
+      hidden_sizes: MLP widths.
+      use_action, use_next_state: extra inputs of the MLP.
+    """
+    from .reward_nets import Box, Discrete, RewardMLP
+
+    if not hasattr(env, "obs_scale"):
+        raise ValueError(f"{type(env).__name__} has no obs_scale; build the reward net by hand")
+    params = env.default_params if env_params is None else env_params
+    space = env.action_space(params)
+    act_space = Discrete(int(space.n)) if isinstance(space, spaces.Discrete) else Box(tuple(space.shape))
+    mlp = RewardMLP(
+        hidden_sizes=tuple(hidden_sizes), use_state=True, use_action=use_action, use_next_state=use_next_state,
+        observation_space=Box(tuple(env.obs_shape)), action_space=act_space,
+    )
+    return SquashedObsReward(mlp, tuple(float(v) for v in env.obs_scale))
+
+
+#: name -> constructor of the built-in fixed-horizon environments.
+ENVS: dict[str, Callable[[], environment.Environment]] = {
+    "cartpole": FixedHorizonCartPole,
+    "pendulum": FixedHorizonPendulum,
+}
+
+
+def oracle_reward(env: environment.Environment, env_params: Any) -> RewardFn:
+    """A ``reward_apply`` that ignores its params and returns ``env``'s true reward.
+
+    Feeding it through :class:`LearnedRewardEnv` trains the agent exactly as a
+    perfectly learned reward model would (the quality ceiling of the loop).
+    """
+    if not hasattr(env, "transition_reward"):
+        raise ValueError(f"{type(env).__name__} has no transition_reward; use a built-in environment")
+
+    def reward_apply(reward_params, obs, action, next_obs, done):
+        del reward_params
+        return env.transition_reward(env_params, obs, action, next_obs, done)
+
+    return reward_apply
+
+
+def make_env(name: str, **kwargs) -> tuple[environment.Environment, Any]:
+    """``(env, default_params)`` of a built-in fixed-horizon environment.
+
+    Args:
+      name: ``"cartpole"`` (:class:`FixedHorizonCartPole`, horizon 500) or
+        ``"pendulum"`` (:class:`FixedHorizonPendulum`, horizon 200).
+      **kwargs: passed to the constructor (e.g. ``horizon=``).
+    """
+    if name not in ENVS:
+        raise ValueError(f"unknown environment {name!r}; expected one of {sorted(ENVS)}")
+    env = ENVS[name](**kwargs)
+    return env, env.default_params
+
+
+@struct.dataclass
+class LearnedRewardParams:
+    """Env params of :class:`LearnedRewardEnv`: the wrapped env's params plus the reward's.
+
+    Attributes:
+      env_params: params of the wrapped environment.
+      reward_params: any pytree passed as the first argument of ``reward_apply``
+        (e.g. ensemble params and an exploration bonus ``alpha``). They are
+        traced values, so new reward params never recompile a jitted agent.
+    """
+
+    env_params: Any
+    reward_params: Any
+
+    @property
+    def max_steps_in_episode(self):
+        return self.env_params.max_steps_in_episode
+
+
+@struct.dataclass
+class LearnedRewardState:
+    """State of :class:`LearnedRewardEnv`: the wrapped state and the current observation.
+
+    The observation is kept because the reward takes ``(obs, action, next_obs, done)``
+    and not every environment can rebuild ``obs`` from its state.
+    """
+
+    env_state: Any
+    obs: Array
+    time: Array
+
+
+class LearnedRewardEnv(environment.Environment):
+    """A gymnax environment whose reward is ``reward_apply(reward_params, obs, action, next_obs, done)``.
+
+    ``step`` returns the learned reward; the wrapped environment's reward is in
+    ``info["true_reward"]`` (use it for evaluation only; the agent never sees it).
+    ``done`` and the auto-reset are the wrapped environment's.
+
+    Args:
+      env: the wrapped gymnax environment (its ``step_env``/``reset_env`` are used).
+      reward_apply: a static callable
+        ``(reward_params, obs f32[D], action, next_obs f32[D], done bool[]) -> f32[]``
+        for a single transition; for an ensemble, typically
+        ``mean + alpha * std`` of the members (see ``add_std``).
+
+    Example::
+
+        env, p = make_env("cartpole")
+        wrapped = LearnedRewardEnv(env, reward_apply)
+        params = LearnedRewardParams(p, reward_params)
+        # new reward params: params.replace(reward_params=new) -> same compiled agent
+    """
+
+    def __init__(self, env: environment.Environment, reward_apply: RewardFn):
+        super().__init__()
+        if not callable(reward_apply):
+            raise ValueError(f"reward_apply must be callable, got {type(reward_apply).__name__}")
+        self.env = env
+        self.reward_apply = reward_apply
+        self.obs_shape = getattr(env, "obs_shape", None)
+        self.fixed_horizon = bool(getattr(env, "fixed_horizon", False))
+
+    def __eq__(self, other):
+        return (
+            type(other) is type(self)
+            and other.env == self.env
+            and other.reward_apply == self.reward_apply
+        )
+
+    def __hash__(self):
+        return hash((type(self).__name__, self.env, self.reward_apply))
+
+    def params(self, env_params: Any, reward_params: Any) -> LearnedRewardParams:
+        """``LearnedRewardParams(env_params, reward_params)``."""
+        return LearnedRewardParams(env_params, reward_params)
+
+    @property
+    def default_params(self):
+        raise ValueError(
+            "LearnedRewardEnv has no default params: build them with "
+            "LearnedRewardParams(env_params, reward_params)"
+        )
+
+    def step_env(self, key, state: LearnedRewardState, action, params: LearnedRewardParams):
+        next_obs, env_state, true_reward, done, info = self.env.step_env(
+            key, state.env_state, action, params.env_params
+        )
+        reward = self.reward_apply(params.reward_params, state.obs, action, next_obs, done)
+        reward = jnp.reshape(jnp.asarray(reward, jnp.float32), ())
+        info = {**info, "true_reward": jnp.asarray(true_reward, jnp.float32)}
+        new_state = LearnedRewardState(env_state, next_obs, state.time + 1)
+        return next_obs, new_state, reward, done, info
+
+    def reset_env(self, key, params: LearnedRewardParams):
+        obs, env_state = self.env.reset_env(key, params.env_params)
+        return obs, LearnedRewardState(env_state, obs, jnp.asarray(0, jnp.int32))
+
+    def get_obs(self, state, params=None, key=None):
+        return state.obs
+
+    def is_terminal(self, state, params):
+        return self.env.is_terminal(state.env_state, params.env_params)
+
+    @property
+    def name(self) -> str:
+        return f"LearnedReward({self.env.name})"
+
+    @property
+    def num_actions(self) -> int:
+        return self.env.num_actions
+
+    def action_space(self, params=None):
+        return self.env.action_space(None if params is None else params.env_params)
+
+    def observation_space(self, params):
+        return self.env.observation_space(params.env_params)

@@ -1,0 +1,823 @@
+"""Trajectory generators for preference comparisons: a fixed dataset and a gymnax + PPO agent.
+
+imitation's ``TrajectoryGenerator`` protocol is ``sample(steps) -> trajectories``
+(at least ``steps`` transitions) and ``train(steps)``. Here every generator is a
+set of pure functions over an explicit state, so a whole preference-comparisons
+run can be jitted and ``jax.vmap``-ed over seeds::
+
+    state = gen.init(key)
+    trajs = gen.sample(state, key, steps, max_steps=cap)      # Trajectories, fixed shape
+    state = gen.train(state, key, steps, reward_params)        # steps may be traced
+    ret   = gen.evaluate(state, key, num_episodes)             # true returns (AgentGenerator)
+
+plus :class:`HostGenerator`, a thin stateful object with imitation's methods
+``sample(key, steps)`` / ``train(key, steps, reward_params)``.
+
+Generators:
+
+- :class:`DatasetGenerator`: a fixed set of trajectories, shuffled with the key
+  (imitation ``TrajectoryDataset``); ``train`` does nothing.
+- :class:`AgentGenerator`: a PPO agent on a gymnax environment whose reward is
+  the learned reward model (:class:`~jaxweight.preference.envs.LearnedRewardEnv`,
+  reward params inside the env params, so new reward params never recompile),
+  with imitation ``AgentTrainer``'s exploration for sampling
+  (``exploration_frac``, ``switch_prob``, ``random_prob``). Samples record the
+  environment's true reward (the synthetic teacher's input); the agent only
+  ever trains on the learned one.
+
+The PPO is a compact one of our own (purejaxrl-style, flax + optax), not
+rejax's: rejax 0.1.3 keeps Python scalars and per-call dynamically created
+classes in its train state (weak types, unstable tree structure across
+``init`` calls, so checkpoint targets retrace), bakes the learning rate into a
+static optimizer closure, imports distrax/TFP (which emit DeprecationWarnings
+under jax 0.10) and its rollouts drop the pre-reset final observation that
+fragments need. Here every state leaf has an explicit dtype and every
+continuous hyperparameter is an array leaf (vmappable, never recompiles).
+
+References:
+  imitation ``algorithms/preference_comparisons.py`` (``TrajectoryDataset``,
+  ``AgentTrainer``) and ``policies/exploration_wrapper.py``;
+  Schulman et al. 2017 (PPO, arXiv:1707.06347); purejaxrl (Lu et al. 2022).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import linen as nn
+from flax import struct
+from gymnax.environments import environment, spaces
+
+from .._util import as_key, check_static_int
+from .data import Trajectories
+from .envs import LearnedRewardEnv, LearnedRewardParams, LearnedRewardState, make_env
+
+__all__ = [
+    "TrajectoryGenerator",
+    "HostGenerator",
+    "take_steps",
+    "DatasetGenerator",
+    "DatasetState",
+    "PPOConfig",
+    "PPOHParams",
+    "PPOState",
+    "ActorCritic",
+    "AgentGenerator",
+    "AgentState",
+]
+
+Array = jax.Array
+
+
+# ------------------------------------------------------------------ protocol
+class TrajectoryGenerator(Protocol):
+    """imitation's protocol: ``sample(key, steps)`` and ``train(key, steps, reward_params)``."""
+
+    def sample(self, key: Any, steps: int) -> Trajectories:  # pragma: no cover - protocol
+        ...
+
+    def train(self, key: Any, steps: int, reward_params: Any = None) -> None:  # pragma: no cover
+        ...
+
+
+class HostGenerator:
+    """Stateful host-side view of a pure generator (imitation's ``TrajectoryGenerator``).
+
+    Args:
+      gen: a pure generator (:class:`DatasetGenerator` or :class:`AgentGenerator`).
+      key: key or int seed for ``gen.init``.
+
+    Attributes:
+      state: the current generator state (replaced by ``train``).
+
+    Example::
+
+        host = HostGenerator(AgentGenerator.from_name("cartpole"), 0)
+        trajs = host.sample(1, 1000)            # >= 1000 transitions
+        host.train(2, 10_000, reward_params)    # 10k agent steps on the learned reward
+    """
+
+    def __init__(self, gen, key: Any):
+        self.gen = gen
+        self.state = gen.init(as_key(key))
+        self._sample = jax.jit(gen.sample, static_argnames=("steps",))
+        self._train = jax.jit(gen.train)
+
+    def sample(self, key: Any, steps: int) -> Trajectories:
+        """Trajectories with ``sum(lengths) >= steps`` (padding trajectories have length 0)."""
+        steps = check_static_int(steps, "steps", minimum=0)
+        return self._sample(self.state, as_key(key), steps=steps)
+
+    def train(self, key: Any, steps: int, reward_params: Any = None) -> None:
+        """Train the agent for ``steps`` environment steps on ``reward_params`` (no-op for datasets)."""
+        steps = check_static_int(steps, "steps", minimum=0)
+        self.state = self._train(self.state, as_key(key), jnp.asarray(steps, jnp.int32), reward_params)
+
+
+# ------------------------------------------------------------------ helpers
+def take_steps(trajectories: Trajectories, steps: Any) -> Trajectories:
+    """Keep the leading trajectories until they hold ``>= steps`` transitions (imitation ``_get_trajectories``).
+
+    Fixed-shape version: the trajectories after the first one whose cumulative
+    length reaches ``steps`` get ``lengths = 0`` and ``terminal = False`` (so the
+    fragmenter ignores them). ``steps == 0`` keeps nothing; if all of them
+    together hold fewer than ``steps``, all are kept.
+
+    Args:
+      trajectories: ``Trajectories`` with ``lengths: i32[N]``.
+      steps: ``int`` or traced ``i32[]``.
+
+    Returns:
+      ``Trajectories`` of the same shapes.
+    """
+    lengths = jnp.asarray(trajectories.lengths, jnp.int32)
+    csum = jnp.cumsum(lengths)
+    # keep n while the transitions before it are still fewer than `steps`
+    keep = (csum - lengths) < jnp.asarray(steps, jnp.int32)
+    return trajectories.replace(
+        lengths=jnp.where(keep, lengths, 0),
+        terminal=jnp.asarray(trajectories.terminal, bool) & keep,
+    )
+
+
+# ------------------------------------------------------------------ dataset
+@struct.dataclass
+class DatasetState:
+    """State of :class:`DatasetGenerator`: a fixed dataset learns nothing; ``num_samples`` (``i32[]``)
+    is a constant 0 that keeps the state a non-empty pytree of the generator protocol."""
+
+    num_samples: Array
+
+
+class DatasetGenerator:
+    """A fixed set of trajectories, shuffled with the key on every ``sample`` (imitation ``TrajectoryDataset``).
+
+    Args:
+      trajectories: ``Trajectories(obs f32[N,T+1,D], acts [N,T,...], rews f32[N,T],
+        lengths i32[N], terminal bool[N])``.
+
+    Example::
+
+        gen = DatasetGenerator(trajs)
+        s = gen.init(0)
+        part = gen.sample(s, key, 1000)   # shuffled, leading ones hold >= 1000 steps
+    """
+
+    def __init__(self, trajectories: Trajectories):
+        lengths = np.asarray(jax.device_get(trajectories.lengths))
+        if lengths.ndim != 1 or lengths.size == 0:
+            raise ValueError(f"trajectories.lengths must have shape (N,) with N >= 1, got {lengths.shape}")
+        self.trajectories = trajectories
+        self.num_trajectories = int(lengths.size)
+        self.total_steps = int(lengths.sum())
+        term = np.asarray(jax.device_get(trajectories.terminal), bool)
+        # static facts the loop uses for its variable-horizon check
+        self.horizons = tuple(sorted({int(n) for n in lengths[term]}))
+
+    def init(self, key: Any = None) -> DatasetState:
+        del key
+        return DatasetState(num_samples=jnp.asarray(0, jnp.int32))
+
+    def sample(self, state: DatasetState, key: Any, steps: Any, *, max_steps: int | None = None) -> Trajectories:
+        """All N trajectories in a random order; those after the first ``>= steps`` transitions get length 0.
+
+        Args:
+          state: from :meth:`init`.
+          key: shuffling key.
+          steps: requested transitions (int, or traced ``i32[]``).
+          max_steps: unused (the shape is always the dataset's); accepted for
+            protocol compatibility.
+
+        Raises:
+          ValueError: concrete ``steps`` larger than the dataset holds.
+        """
+        del state, max_steps
+        if isinstance(steps, int | np.integer) and int(steps) > self.total_steps:
+            raise ValueError(
+                f"Asked for {int(steps)} transitions but only {self.total_steps} available"
+            )
+        perm = jax.random.permutation(as_key(key), self.num_trajectories)
+        shuffled = jax.tree.map(lambda x: jnp.take(jnp.asarray(x), perm, axis=0), self.trajectories)
+        return take_steps(shuffled, steps)
+
+    def train(self, state: DatasetState, key: Any, steps: Any, reward_params: Any = None) -> DatasetState:
+        """No agent to train: returns ``state`` unchanged."""
+        del key, steps, reward_params
+        return state
+
+    def trained_steps(self, state: DatasetState) -> Array:
+        """``i32[]``: always 0 (a dataset has no agent)."""
+        del state
+        return jnp.zeros((), jnp.int32)
+
+
+# ------------------------------------------------------------------ PPO
+@struct.dataclass
+class PPOConfig:
+    """Structural PPO settings (static; changing them recompiles).
+
+    Attributes:
+      num_envs: parallel environments per update (E).
+      num_steps: rollout length per environment per update (S); an update uses
+        ``E * S`` transitions.
+      num_minibatches: minibatches per epoch (must divide ``E * S``).
+      update_epochs: passes over each rollout.
+      hidden_sizes: MLP widths of the actor and of the critic.
+      activation: ``"tanh"`` or ``"relu"`` (any ``flax.linen`` activation name).
+      max_grad_norm: global-norm gradient clipping.
+    """
+
+    num_envs: int = struct.field(pytree_node=False, default=16)
+    num_steps: int = struct.field(pytree_node=False, default=128)
+    num_minibatches: int = struct.field(pytree_node=False, default=4)
+    update_epochs: int = struct.field(pytree_node=False, default=4)
+    hidden_sizes: tuple = struct.field(pytree_node=False, default=(64, 64))
+    activation: str = struct.field(pytree_node=False, default="tanh")
+    max_grad_norm: float = struct.field(pytree_node=False, default=0.5)
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+
+@struct.dataclass
+class PPOHParams:
+    """Continuous PPO hyperparameters, all ``f32[]`` leaves (vmappable, never recompile).
+
+    Attributes:
+      learning_rate: Adam step size (default 1e-3).
+      gamma, gae_lambda: discount and GAE lambda (0.99, 0.95).
+      clip_eps: PPO ratio clipping (0.2).
+      ent_coef, vf_coef: entropy bonus and value-loss weights (0.01, 0.5).
+      vf_clip: if > 0, clip the value update to ``+-vf_clip`` around the
+        rollout's values (purejaxrl clips with ``clip_eps``); 0 (default, as
+        Stable-Baselines3) does not clip: clipping slows the critic badly when
+        returns are large, as with a learned reward of unknown scale.
+      anneal_steps: if > 0, the learning rate decays linearly from
+        ``learning_rate`` to 0 over this many trained environment steps
+        (purejaxrl's annealing); 0 keeps it constant (default).
+    """
+
+    learning_rate: Array
+    gamma: Array
+    gae_lambda: Array
+    clip_eps: Array
+    ent_coef: Array
+    vf_coef: Array
+    vf_clip: Array
+    anneal_steps: Array
+
+    @classmethod
+    def create(cls, learning_rate=1e-3, gamma=0.99, gae_lambda=0.95, clip_eps=0.2, ent_coef=0.01, vf_coef=0.5,
+               vf_clip=0.0, anneal_steps=0.0):
+        f = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+        return cls(f(learning_rate), f(gamma), f(gae_lambda), f(clip_eps), f(ent_coef), f(vf_coef), f(vf_clip),
+                   f(anneal_steps))
+
+    def current_learning_rate(self, steps: Array) -> Array:
+        """``f32[]`` learning rate after ``steps`` trained environment steps."""
+        anneal = self.anneal_steps
+        frac = jnp.clip(1.0 - steps.astype(jnp.float32) / jnp.where(anneal > 0, anneal, 1.0), 0.0, 1.0)
+        return self.learning_rate * jnp.where(anneal > 0, frac, 1.0)
+
+
+def orthogonal(scale: float = 1.0) -> Callable[[Array, Sequence[int], Any], Array]:
+    """Orthogonal initializer (as ``flax.linen.initializers.orthogonal``) without LAPACK.
+
+    The orthonormal factor of a Gaussian matrix comes from classical
+    Gram-Schmidt with re-orthogonalisation (the ``Q`` of a QR decomposition
+    with a positive ``R`` diagonal, i.e. Haar-distributed). jaxlib's batched
+    LAPACK QR kernel schedules its batch on XLA's intra-op thread pool and can
+    deadlock when two of them run at once on a 2-thread pool, which is what
+    ``jax.vmap`` over seeds of a jitted ``init`` produces on a 2-core CPU.
+
+    Returns:
+      ``init(key, shape, dtype=f32) -> [*shape]`` whose last axis is the output
+      axis (orthonormal rows or columns of the ``[prod(shape[:-1]), shape[-1]]``
+      matrix, times ``scale``).
+    """
+
+    def init(key, shape, dtype=jnp.float32):
+        n_rows, n_cols = int(np.prod(shape[:-1])), int(shape[-1])
+        m, n = max(n_rows, n_cols), min(n_rows, n_cols)
+        a = jax.random.normal(key, (m, n), jnp.float32)
+
+        def column(j, q):
+            v = a[:, j]
+            for _ in range(2):  # twice is enough in float32 ("twice is enough", Giraud et al. 2005)
+                v = v - q @ (q.T @ v)
+            return q.at[:, j].set(v / jnp.linalg.norm(v))
+
+        q = jax.lax.fori_loop(0, n, column, jnp.zeros((m, n), jnp.float32))
+        if n_rows < n_cols:
+            q = q.T
+        return (scale * q).reshape(shape).astype(dtype)
+
+    return init
+
+
+class ActorCritic(nn.Module):
+    """Separate actor and critic MLPs (purejaxrl initialisation).
+
+    ``__call__(obs f32[..., D]) -> (out f32[..., A], log_std f32[A], value f32[...])``;
+    ``out`` are logits (discrete) or the Gaussian mean (continuous; a
+    state-independent ``log_std`` parameter, zeros for discrete).
+    """
+
+    action_dim: int
+    discrete: bool
+    hidden_sizes: Sequence[int] = (64, 64)
+    activation: str = "tanh"
+
+    @nn.compact
+    def __call__(self, obs):
+        act = getattr(nn, self.activation)
+        ortho = orthogonal
+        x = obs
+        for h in self.hidden_sizes:
+            x = act(nn.Dense(h, kernel_init=ortho(np.sqrt(2)), bias_init=nn.initializers.zeros)(x))
+        out = nn.Dense(self.action_dim, kernel_init=ortho(0.01), bias_init=nn.initializers.zeros)(x)
+        v = obs
+        for h in self.hidden_sizes:
+            v = act(nn.Dense(h, kernel_init=ortho(np.sqrt(2)), bias_init=nn.initializers.zeros)(v))
+        v = nn.Dense(1, kernel_init=ortho(1.0), bias_init=nn.initializers.zeros)(v)[..., 0]
+        if self.discrete:
+            log_std = jnp.zeros((self.action_dim,), jnp.float32)
+        else:
+            log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+        return out, log_std, v
+
+
+def _sample_action(key, out, log_std, discrete):
+    if discrete:
+        a = jax.random.categorical(key, out, axis=-1)
+        return a.astype(jnp.int32)
+    return out + jnp.exp(log_std) * jax.random.normal(key, out.shape, out.dtype)
+
+
+def _log_prob_entropy(out, log_std, a, discrete):
+    if discrete:
+        logp_all = jax.nn.log_softmax(out, axis=-1)
+        logp = jnp.take_along_axis(logp_all, a[..., None].astype(jnp.int32), axis=-1)[..., 0]
+        ent = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+        return logp, ent
+    var = jnp.exp(2 * log_std)
+    logp = -0.5 * jnp.sum((a - out) ** 2 / var + 2 * log_std + jnp.log(2 * jnp.pi), axis=-1)
+    ent = jnp.sum(0.5 + 0.5 * jnp.log(2 * jnp.pi) + log_std) * jnp.ones(out.shape[:-1], out.dtype)
+    return logp, ent
+
+
+@struct.dataclass
+class PPOState:
+    """PPO train state (every leaf an array with an explicit dtype).
+
+    Attributes:
+      params: actor-critic parameters.
+      opt_state: optax state (gradient clipping + Adam moments).
+      hparams: :class:`PPOHParams`.
+      env_state: batched env state ``[E]`` of the training environments.
+      obs: ``f32[E, D]`` current observations of the training environments.
+      steps: ``i32[]`` environment steps trained so far.
+      episodes: ``i32[]`` training episodes finished so far.
+    """
+
+    params: Any
+    opt_state: Any
+    hparams: PPOHParams
+    env_state: Any
+    obs: Array
+    steps: Array
+    episodes: Array
+
+
+@struct.dataclass
+class AgentState:
+    """State of :class:`AgentGenerator`: the PPO state (the reward params come with every ``train`` call)."""
+
+    ppo: PPOState
+
+
+@struct.dataclass
+class _Transition:
+    obs: Array
+    action: Array
+    logp: Array
+    value: Array
+    reward: Array
+    done: Array
+
+
+class AgentGenerator:
+    """A gymnax + PPO agent trained on a learned reward; samples record the true reward.
+
+    Args:
+      env: a gymnax environment (e.g. :class:`~jaxweight.preference.envs.FixedHorizonCartPole`).
+      env_params: its params (concrete; ``max_steps_in_episode`` is the horizon).
+      reward_apply: ``(reward_params, obs, action, next_obs, done) -> f32[]``, the
+        reward the agent trains on (a static callable; its params come with
+        every ``train`` call inside the env params, see
+        :class:`~jaxweight.preference.envs.LearnedRewardEnv`). ``None`` trains
+        on the environment's own reward (the true-reward baseline);
+        :class:`~jaxweight.preference.loop.PreferenceComparisons` binds its
+        learned reward to a generator built with ``None`` (:meth:`with_reward`).
+      config: :class:`PPOConfig` (structural PPO settings).
+      hparams: :class:`PPOHParams` or a dict of its fields (continuous PPO settings).
+      exploration_frac: fraction of sampled transitions from the exploration
+        policy (imitation ``AgentTrainer``; default 0).
+      switch_prob: per-step probability of re-drawing the acting policy during
+        exploration episodes (default 0.5).
+      random_prob: probability that a re-draw picks uniformly random actions
+        instead of the agent (default 0.5).
+
+    Sampling rolls out the *current* policy from fresh resets (imitation reuses
+    the agent's latest training rollouts; same policy, no buffering). Each
+    exploration episode keeps its own switch state (the original switches one
+    policy for all parallel environments). Training rounds the requested
+    steps up to whole PPO updates of ``num_envs * num_steps`` transitions, as
+    Stable-Baselines3's ``learn`` does with whole rollouts.
+
+    Example::
+
+        env, p = make_env("cartpole")
+        gen = AgentGenerator(env, p, reward_apply, exploration_frac=0.05)
+        s = gen.init(0)
+        s = gen.train(s, key, 50_000, reward_params)
+        trajs = gen.sample(s, key, 2_000)       # f32 obs [N, 501, 4], true rews
+    """
+
+    def __init__(
+        self,
+        env: environment.Environment,
+        env_params: Any,
+        reward_apply: Callable | None = None,
+        *,
+        config: PPOConfig | None = None,
+        hparams: PPOHParams | dict | None = None,
+        exploration_frac: float = 0.0,
+        switch_prob: float = 0.5,
+        random_prob: float = 0.5,
+    ):
+        if reward_apply is not None and not callable(reward_apply):
+            raise ValueError(f"reward_apply must be callable or None, got {type(reward_apply).__name__}")
+        self.base_env = env
+        self.env_params = env_params
+        self.reward_apply = reward_apply
+        self.env = LearnedRewardEnv(env, reward_apply) if reward_apply is not None else None
+        self.config = config if config is not None else PPOConfig()
+        if not isinstance(self.config, PPOConfig):
+            raise ValueError(f"config must be a PPOConfig, got {type(self.config).__name__}")
+        if hparams is None:
+            hparams = PPOHParams.create()
+        elif isinstance(hparams, dict):
+            hparams = PPOHParams.create(**hparams)
+        elif not isinstance(hparams, PPOHParams):
+            raise ValueError(f"hparams must be a PPOHParams or a dict of its fields, got {type(hparams).__name__}")
+        self.hparams = hparams
+        for name, v in (("exploration_frac", exploration_frac), ("switch_prob", switch_prob),
+                        ("random_prob", random_prob)):
+            if not 0.0 <= float(v) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {v}")
+        self.exploration_frac = float(exploration_frac)
+        self.switch_prob = float(switch_prob)
+        self.random_prob = float(random_prob)
+        self.horizon = check_static_int(
+            int(np.asarray(env_params.max_steps_in_episode)), "env_params.max_steps_in_episode", 1
+        )
+        cfg = self.config
+        for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs"):
+            check_static_int(getattr(cfg, name), f"config.{name}", 1)
+        if cfg.batch_size % cfg.num_minibatches:
+            raise ValueError(
+                f"num_envs * num_steps ({cfg.batch_size}) must be a multiple of config.num_minibatches "
+                f"({cfg.num_minibatches})"
+            )
+        self.action_space = env.action_space(env_params)
+        self.discrete = isinstance(self.action_space, spaces.Discrete)
+        if self.discrete:
+            self.action_dim = int(self.action_space.n)
+        else:
+            self.action_dim = int(np.prod(self.action_space.shape))
+            self._low = jnp.asarray(self.action_space.low, jnp.float32)
+            self._high = jnp.asarray(self.action_space.high, jnp.float32)
+        self.obs_shape = tuple(env.observation_space(env_params).shape)
+        self.network = ActorCritic(self.action_dim, self.discrete, tuple(cfg.hidden_sizes), cfg.activation)
+        self.tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.scale_by_adam(eps=1e-5))
+        # Static facts for the loop's variable-horizon check: environments that declare
+        # `fixed_horizon` always run `horizon` steps; for others the loop checks the samples.
+        self.horizons = (self.horizon,) if getattr(env, "fixed_horizon", False) else None
+
+    @classmethod
+    def from_name(cls, name: str, reward_apply: Callable | None = None, *, horizon: int | None = None, **kwargs):
+        """An agent on a built-in fixed-horizon environment (``"cartpole"`` or ``"pendulum"``).
+
+        Args:
+          name: environment name (see :func:`~jaxweight.preference.envs.make_env`).
+          reward_apply: as in the constructor.
+          horizon: episode length (default: the environment's, 500 / 200).
+          **kwargs: further constructor arguments (``config``, ``hparams``, exploration).
+        """
+        env, params = make_env(name, **({} if horizon is None else {"horizon": horizon}))
+        return cls(env, params, reward_apply, **kwargs)
+
+    def replace(self, **changes: Any) -> AgentGenerator:
+        """A new generator with some constructor arguments changed (``reward_apply``, ``config``,
+        ``hparams``, ``exploration_frac``, ``switch_prob``, ``random_prob``); states stay compatible
+        as long as ``config`` is unchanged."""
+        args = dict(
+            env=self.base_env, env_params=self.env_params, reward_apply=self.reward_apply, config=self.config,
+            hparams=self.hparams, exploration_frac=self.exploration_frac, switch_prob=self.switch_prob,
+            random_prob=self.random_prob,
+        )
+        unknown = set(changes) - set(args)
+        if unknown:
+            raise ValueError(f"unknown AgentGenerator arguments {sorted(unknown)}; expected some of {sorted(args)}")
+        args.update(changes)
+        return AgentGenerator(**args)
+
+    def with_reward(self, reward_apply: Callable | None) -> AgentGenerator:
+        """The same agent settings with another ``reward_apply`` (``None``: the environment's reward)."""
+        return self.replace(reward_apply=reward_apply)
+
+    # ---------------------------------------------------------------- helpers
+    def _env_action(self, a):
+        if self.discrete:
+            return a
+        return jnp.clip(a, self._low, self._high)
+
+    def _train_env_params(self, reward_params):
+        if self.env is None:
+            return self.env_params
+        return LearnedRewardParams(self.env_params, reward_params)
+
+    def episodes_for(self, steps: int) -> int:
+        """Episodes :meth:`sample` rolls out to cover ``steps`` transitions (a static shape)."""
+        steps = check_static_int(steps, "steps", minimum=0)
+        h = self.horizon
+        agent_eps = -(-steps // h)
+        # agent and exploration parts are rounded up separately
+        return max(1, agent_eps + (1 if self.exploration_frac > 0 else 0))
+
+    def updates_for(self, steps: Any) -> Array:
+        """PPO updates ``ceil(steps / (num_envs * num_steps))`` that :meth:`train` runs for ``steps``."""
+        b = self.config.batch_size
+        return (jnp.asarray(steps, jnp.int32) + b - 1) // b
+
+    def trained_steps(self, state: AgentState) -> Array:
+        """``i32[]`` environment steps trained so far."""
+        return state.ppo.steps
+
+    # ---------------------------------------------------------------- init
+    def init(self, key: Any) -> AgentState:
+        """A fresh agent: network params, optimizer state, ``num_envs`` reset training envs."""
+        key = as_key(key)
+        k_net, k_env = jax.random.split(key)
+        obs0 = jnp.zeros(self.obs_shape, jnp.float32)
+        params = self.network.init(k_net, obs0)
+        obs, env_state = jax.vmap(self.base_env.reset, in_axes=(0, None))(
+            jax.random.split(k_env, self.config.num_envs), self.env_params
+        )
+        obs = jnp.asarray(obs, jnp.float32)
+        if self.env is not None:
+            env_state = LearnedRewardState(env_state, obs, jnp.zeros((self.config.num_envs,), jnp.int32))
+        ppo = PPOState(
+            params=params,
+            opt_state=self.tx.init(params),
+            hparams=self.hparams,
+            env_state=env_state,
+            obs=obs,
+            steps=jnp.asarray(0, jnp.int32),
+            episodes=jnp.asarray(0, jnp.int32),
+        )
+        return AgentState(ppo=ppo)
+
+    # ---------------------------------------------------------------- training
+    def rollout(self, ppo: PPOState, key: Any, reward_params: Any = None) -> tuple[Any, Array, _Transition, Array]:
+        """One training rollout of ``num_steps`` steps in the ``num_envs`` training environments.
+
+        Args:
+          ppo: the PPO state (its ``env_state`` / ``obs`` are continued).
+          key: rollout key.
+          reward_params: params of ``reward_apply`` (ignored without one).
+
+        Returns:
+          ``(env_state, obs f32[E, D], traj, true_reward f32[S, E])``: ``traj.reward``
+          is what the agent learns from (the learned reward when ``reward_apply``
+          is set), ``true_reward`` the environment's own reward of the same steps
+          (for diagnostics; never used for learning).
+        """
+        cfg = self.config
+        env = self.env if self.env is not None else self.base_env
+        env_params = self._train_env_params(reward_params)
+
+        def step(carry, k):
+            env_state, obs = carry
+            k_act, k_env = jax.random.split(k)
+            out, log_std, value = self.network.apply(ppo.params, obs)
+            a = _sample_action(k_act, out, log_std, self.discrete)
+            logp, _ = _log_prob_entropy(out, log_std, a, self.discrete)
+            obs2, env_state, r, done, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+                jax.random.split(k_env, cfg.num_envs), env_state, self._env_action(a), env_params
+            )
+            true_r = info["true_reward"] if self.env is not None else r
+            tr = _Transition(obs, a, logp, value, jnp.asarray(r, jnp.float32), jnp.asarray(done, bool))
+            return (env_state, jnp.asarray(obs2, jnp.float32)), (tr, jnp.asarray(true_r, jnp.float32))
+
+        (env_state, obs), (traj, true_r) = jax.lax.scan(
+            step, (ppo.env_state, ppo.obs), jax.random.split(as_key(key), cfg.num_steps)
+        )
+        return env_state, obs, traj, true_r
+
+    def _gae(self, traj: _Transition, last_value, hp: PPOHParams):
+        def f(carry, t):
+            gae, next_value = carry
+            nonterm = 1.0 - t.done.astype(jnp.float32)
+            delta = t.reward + hp.gamma * next_value * nonterm - t.value
+            gae = delta + hp.gamma * hp.gae_lambda * nonterm * gae
+            return (gae, t.value), gae
+
+        _, adv = jax.lax.scan(f, (jnp.zeros_like(last_value), last_value), traj, reverse=True)
+        return adv, adv + traj.value
+
+    def _loss(self, params, batch, adv, targets, hp: PPOHParams):
+        out, log_std, value = self.network.apply(params, batch.obs)
+        logp, ent = _log_prob_entropy(out, log_std, batch.action, self.discrete)
+        ratio = jnp.exp(logp - batch.logp)
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        pg = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - hp.clip_eps, 1 + hp.clip_eps) * adv).mean()
+        v_clip = batch.value + jnp.clip(value - batch.value, -hp.vf_clip, hp.vf_clip)
+        vf_loss = jnp.square(value - targets)
+        vf_loss = jnp.where(hp.vf_clip > 0, jnp.maximum(vf_loss, jnp.square(v_clip - targets)), vf_loss)
+        vf = 0.5 * vf_loss.mean()
+        return pg + hp.vf_coef * vf - hp.ent_coef * ent.mean()
+
+    def _update(self, ppo: PPOState, key, reward_params) -> PPOState:
+        cfg = self.config
+        hp = ppo.hparams
+        k_roll, k_perm = jax.random.split(key)
+        lr = hp.current_learning_rate(ppo.steps)
+        env_state, obs, traj, _ = self.rollout(ppo, k_roll, reward_params)
+        _, _, last_value = self.network.apply(ppo.params, obs)
+        adv, targets = self._gae(traj, last_value, hp)
+        n = cfg.batch_size
+        flat = jax.tree.map(lambda x: x.reshape((n,) + x.shape[2:]), (traj, adv, targets))
+
+        def epoch(carry, k):
+            perm = jax.random.permutation(k, n)
+            mbs = jax.tree.map(
+                lambda x: jnp.take(x, perm, axis=0).reshape((cfg.num_minibatches, -1) + x.shape[1:]), flat
+            )
+
+            def mb_step(carry, mb):
+                params, opt_state = carry
+                batch, a, t = mb
+                grads = jax.grad(self._loss)(params, batch, a, t, hp)
+                updates, opt_state = self.tx.update(grads, opt_state, params)
+                params = jax.tree.map(lambda p, u: p - lr * u, params, updates)
+                return (params, opt_state), None
+
+            return jax.lax.scan(mb_step, carry, mbs)[0], None
+
+        (params, opt_state), _ = jax.lax.scan(
+            epoch, (ppo.params, ppo.opt_state), jax.random.split(k_perm, cfg.update_epochs)
+        )
+        return ppo.replace(
+            params=params,
+            opt_state=opt_state,
+            env_state=env_state,
+            obs=obs,
+            steps=ppo.steps + jnp.asarray(n, jnp.int32),
+            episodes=ppo.episodes + jnp.sum(traj.done, dtype=jnp.int32),
+        )
+
+    def train(self, state: AgentState, key: Any, steps: Any, reward_params: Any = None) -> AgentState:
+        """Train PPO for ``ceil(steps / (num_envs * num_steps))`` updates on ``reward_apply``.
+
+        Args:
+          state: from :meth:`init` or a previous ``train``.
+          key: randomness of rollouts and minibatches (update ``i`` uses
+            ``fold_in(key, i)``).
+          steps: environment steps (int or traced ``i32[]``; a traced count
+            never recompiles), rounded up to whole updates.
+          reward_params: params of ``reward_apply``; they ride in the env params,
+            so new values never recompile.
+
+        Returns:
+          The new :class:`AgentState`.
+        """
+        key = as_key(key)
+        ppo = jax.lax.fori_loop(
+            0, self.updates_for(steps), lambda i, p: self._update(p, jax.random.fold_in(key, i), reward_params),
+            state.ppo,
+        )
+        return state.replace(ppo=ppo)
+
+    # ---------------------------------------------------------------- sampling
+    def _act(self, params, obs, key, deterministic=False):
+        out, log_std, _ = self.network.apply(params, obs)
+        if deterministic:
+            return jnp.argmax(out, axis=-1).astype(jnp.int32) if self.discrete else out
+        return _sample_action(key, out, log_std, self.discrete)
+
+    def _random_action(self, key):
+        if self.discrete:
+            return jax.random.randint(key, (), 0, self.action_dim, jnp.int32)
+        return jax.random.uniform(key, (self.action_dim,), jnp.float32, self._low, self._high)
+
+    def _episode(self, params, key, explore, deterministic=False):
+        """One episode of at most ``horizon`` steps without auto-reset: ``(obs, acts, rews, length, terminal)``."""
+        h = self.horizon
+        k_reset, k_switch0, k_steps = jax.random.split(key, 3)
+        obs0, s0 = self.base_env.reset_env(k_reset, self.env_params)
+        obs0 = jnp.asarray(obs0, jnp.float32)
+        # ExplorationWrapper: the acting policy is drawn at the start and re-drawn with
+        # switch_prob at every step (the chain starts in its stationary law either way)
+        use_random0 = explore & (jax.random.uniform(k_switch0) < self.random_prob)
+
+        def step(carry, k):
+            s, obs, use_random, alive = carry
+            k_sw, k_pick, k_pol, k_rand, k_env = jax.random.split(k, 5)
+            switch = explore & (jax.random.uniform(k_sw) < self.switch_prob)
+            use_random = jnp.where(switch, jax.random.uniform(k_pick) < self.random_prob, use_random)
+            a_pol = self._env_action(self._act(params, obs, k_pol, deterministic))
+            a = jnp.where(use_random, self._random_action(k_rand), a_pol)
+            obs2, s2, r, done, _ = self.base_env.step_env(k_env, s, a, self.env_params)
+            obs2 = jnp.asarray(obs2, jnp.float32)
+            out = (obs2, a, jnp.where(alive, jnp.asarray(r, jnp.float32), 0.0), alive, alive & done)
+            return (s2, obs2, use_random, alive & ~done), out
+
+        _, (obs, acts, rews, alive, ended) = jax.lax.scan(
+            step, (s0, obs0, use_random0, jnp.asarray(True)), jax.random.split(k_steps, h)
+        )
+        obs = jnp.concatenate([obs0[None], obs], axis=0)
+        length = jnp.sum(alive, dtype=jnp.int32)
+        return obs, acts, rews, length, jnp.any(ended)
+
+    def sample(self, state: AgentState, key: Any, steps: Any, *, max_steps: int | None = None) -> Trajectories:
+        """Roll out the current policy (and the exploration policy) for ``>= steps`` transitions.
+
+        As imitation's ``AgentTrainer.sample``: ``e = int(exploration_frac * steps)``
+        (at least 1 when ``exploration_frac > 0``) transitions come from
+        exploration episodes and ``steps - e`` from the agent; each part is
+        whole episodes, agent episodes first. Rewards are the environment's
+        true rewards (for the synthetic teacher).
+
+        Args:
+          state: generator state.
+          key: rollout key.
+          steps: requested transitions (static int, or traced ``i32[]`` with ``max_steps``).
+          max_steps: static upper bound of ``steps`` fixing the output shape
+            (default ``steps``, which must then be a static int).
+
+        Returns:
+          ``Trajectories(obs f32[N, H+1, D], acts [N, H, ...], rews f32[N, H],
+          lengths i32[N], terminal bool[N])`` with ``N = episodes_for(max_steps)``;
+          unused episodes have length 0.
+        """
+        key = as_key(key)
+        if max_steps is None:
+            max_steps = check_static_int(steps, "steps", minimum=0)
+        n_eps = self.episodes_for(max_steps)
+        h = self.horizon
+        steps = jnp.asarray(steps, jnp.int32)
+        if self.exploration_frac > 0:
+            expl = jnp.floor(self.exploration_frac * steps.astype(jnp.float32)).astype(jnp.int32)
+            expl = jnp.maximum(expl, 1)
+        else:
+            expl = jnp.asarray(0, jnp.int32)
+        agent_eps = (jnp.maximum(steps - expl, 0) + h - 1) // h
+        expl_eps = (expl + h - 1) // h
+        idx = jnp.arange(n_eps)
+        explore = idx >= agent_eps
+        used = idx < agent_eps + expl_eps
+        keys = jax.random.split(key, n_eps)
+        obs, acts, rews, lengths, terminal = jax.vmap(self._episode, in_axes=(None, 0, 0))(
+            state.ppo.params, keys, explore
+        )
+        return Trajectories(
+            obs=obs,
+            acts=acts,
+            rews=jnp.where(used[:, None], rews, 0.0),
+            lengths=jnp.where(used, lengths, 0).astype(jnp.int32),
+            terminal=terminal & used,
+        )
+
+    def evaluate(self, state: AgentState, key: Any, num_episodes: int = 16, *, deterministic: bool = False) -> Array:
+        """True (environment) returns ``f32[num_episodes]`` of the current policy.
+
+        Args:
+          state: generator state.
+          key: rollout key.
+          num_episodes: episodes (static).
+          deterministic: act with the mode of the policy instead of sampling.
+        """
+        num_episodes = check_static_int(num_episodes, "num_episodes", minimum=1)
+        keys = jax.random.split(as_key(key), num_episodes)
+        episode = partial(self._episode, deterministic=bool(deterministic))
+        _, _, rews, _, _ = jax.vmap(episode, in_axes=(None, 0, None))(state.ppo.params, keys, jnp.asarray(False))
+        return jnp.sum(rews, axis=-1)

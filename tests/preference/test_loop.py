@@ -1,0 +1,311 @@
+"""PreferenceComparisons: round accounting, buffer queue, resume after a kill, vmap over seeds,
+the learned-reward wrapper inside the loop, the variable-horizon guard, an end-to-end reward fit."""
+
+import logging
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxweight import checkpoint
+from jaxweight import preference as pf
+from jaxweight.preference import loop as lp
+from jaxweight.preference.envs import make_env, reward_net
+from jaxweight.preference.generators import AgentGenerator, DatasetGenerator, HostGenerator, PPOConfig
+from tests.contracts import assert_trees_close
+
+REPO = Path(__file__).resolve().parents[2]
+T, C, SEED = 1_000, 40, 3
+TINY_PPO = PPOConfig(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, hidden_sizes=(16, 16))
+
+
+def make_tiny() -> lp.PreferenceComparisons:
+    """A small agent loop: CartPole with horizon 40, 3 iterations, 5-step fragments, 2 reward nets."""
+    env, p = make_env("cartpole", horizon=40)
+    net = reward_net(env, p, hidden_sizes=(8,))
+    return lp.PreferenceComparisons(
+        AgentGenerator(env, p, config=TINY_PPO), net, num_iterations=3, fragment_length=5,
+        reward_trainer=pf.RewardTrainer(net, num_members=2, progress=False), initial_epoch_multiplier=4.0,
+        eval_episodes=2, progress=False,
+    )
+
+
+def _random_policy_trajs(key, n_steps, horizon=100):
+    """Episodes of a uniformly random CartPole policy (horizon 100) with the true rewards."""
+    env, p = make_env("cartpole", horizon=horizon)
+    n = -(-n_steps // horizon)
+
+    def episode(k):
+        k0, ka, ks = jax.random.split(k, 3)
+        obs0, s0 = env.reset_env(k0, p)
+        acts = jax.random.bernoulli(ka, 0.5, (horizon,)).astype(jnp.int32)
+
+        def step(s, xs):
+            kk, a = xs
+            o, s, r, _, _ = env.step_env(kk, s, a, p)
+            return s, (o, r)
+
+        _, (obs, rews) = jax.lax.scan(step, s0, (jax.random.split(ks, horizon), acts))
+        return jnp.concatenate([obs0[None], obs]), acts, rews
+
+    obs, acts, rews = jax.jit(jax.vmap(episode))(jax.random.split(key, n))
+    return pf.Trajectories(obs=obs, acts=acts, rews=rews, lengths=jnp.full((n,), horizon, jnp.int32),
+                           terminal=jnp.ones((n,), bool))
+
+
+def make_dataset_loop(trajs, **kw) -> lp.PreferenceComparisons:
+    net = reward_net(make_env("cartpole")[0], hidden_sizes=(16,))
+    args = dict(num_iterations=3, fragment_length=10, initial_epoch_multiplier=10.0, progress=False, sample=False,
+                reward_trainer=pf.RewardTrainer(net, num_members=2, epochs=10, progress=False))
+    args.update(kw)
+    return lp.PreferenceComparisons(DatasetGenerator(trajs), net, **args)
+
+
+@pytest.fixture(scope="module")
+def dataset_trajs():
+    return _random_policy_trajs(jax.random.key(0), 3_000)
+
+
+# ------------------------------------------------------------------ pure pieces
+def test_plan_is_imitations_arithmetic():
+    pc = make_tiny()
+    plan = pc.plan(T, C)
+    assert list(plan.schedule) == pf.allocate_comparisons(C, 3, 0.1, "hyperbolic") == [4, 17, 11, 8]
+    tpi, extra = divmod(T, 3)
+    assert plan.agent_steps == (tpi, tpi, tpi + extra, tpi)  # the remainder on round K - 1, K + 1 rounds
+    assert plan.sample_steps == tuple(2 * n * 5 for n in plan.schedule)
+    assert plan.epochs == (4, 1, 1, 1) and plan.capacity == C and plan.max_pairs == 17
+    pc2 = make_tiny()
+    pc2.transition_oversampling = 1.5
+    assert pc2.plan(T, C).sample_steps == tuple(math.ceil(1.5 * 2 * n * 5) for n in plan.schedule)
+    with pytest.raises(ValueError, match=r"gives round 0 0 comparisons \(schedule \[0, 1, 1, 0\]\)"):
+        pc.plan(T, 2)
+    q = make_tiny()
+    q.comparison_queue_size = 10
+    assert q.plan(T, C).capacity == 10
+
+
+def test_push_first_equals_buffer_push_of_the_prefix():
+    rng = np.random.default_rng(0)
+    pairs = pf.fragment_pairs_from_arrays(rng.normal(size=(12, 2, 4, 3)), rng.integers(0, 2, (12, 2, 3)),
+                                          rng.normal(size=(12, 2, 3)))
+    prefs = jnp.asarray(rng.uniform(size=12), jnp.float32)
+    push = jax.jit(lp.push_first)
+    for cap in (1, 5, 20):
+        for pre in (0, 7):
+            buf = pf.buffer_init(cap, pairs)
+            if pre:
+                buf = pf.buffer_push(buf, jax.tree.map(lambda x: x[:pre], pairs), prefs[:pre])
+            for count in (0, 4, 12):
+                ref = pf.buffer_push(buf, jax.tree.map(lambda x: x[:count], pairs), prefs[:count])
+                got = push(buf, pairs, prefs, jnp.int32(count))
+                assert_trees_close(got, ref, err=f"cap={cap} pre={pre} count={count}: ")
+
+
+def test_train_reward_equals_train_epochs(dataset_trajs):
+    pc = make_dataset_loop(dataset_trajs)
+    pairs = pf.random_fragments(1, dataset_trajs, 10, 24)
+    prefs, _ = pf.synthetic_preferences(2, pairs, sample=False)
+    buf = pf.buffer_push(pf.buffer_init(32, pairs), pairs, prefs)
+    cfg = pc.reward_trainer.config
+    state = pc.reward_trainer.init(0, pf.example_inputs(pairs))
+    ref_state, ref_m = jax.jit(pf.train_epochs, static_argnums=(0, 4))(cfg, state, jax.random.key(5), buf, 3)
+    got_state, got_m = jax.jit(lp.train_reward, static_argnums=0)(cfg, state, jax.random.key(5), buf, jnp.int32(3))
+    assert_trees_close(got_state, ref_state, rtol=1e-5, atol=1e-6)
+    assert_trees_close(got_m, jax.tree.map(lambda x: x[-1], ref_m), rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------ the agent loop
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One uninterrupted 2-seed run of the tiny loop, with checkpoints."""
+    pc = make_tiny()
+    ckpt = tmp_path_factory.mktemp("tiny")
+    calls = []
+    res = pc.train(SEED, T, C, calls.append, num_seeds=2, checkpoint_dir=ckpt)
+    return pc, pc.state, list(pc.history), res, calls, ckpt
+
+
+def test_loop_accounting_per_round(tiny_run):
+    pc, state, hist, res, calls, ckpt = tiny_run
+    plan = pc.plan(T, C)
+    assert calls == [0, 1, 2, 3] and pc._iteration == 4
+    b = TINY_PPO.batch_size
+    trained = 0
+    for i, h in enumerate(hist):
+        assert h["round"] == [i, i]
+        assert h["num_pairs"] == [plan.schedule[i]] * 2                       # comparisons per round
+        assert h["buffer_size"] == [sum(plan.schedule[: i + 1])] * 2          # no queue limit: keeps all
+        assert h["stored_valid"] == h["buffer_size"]
+        assert h["sample_steps"] == [2 * plan.schedule[i] * 5] * 2
+        assert h["agent_steps"] == [plan.agent_steps[i]] * 2
+        trained += -(-plan.agent_steps[i] // b) * b                          # whole PPO updates
+        assert h["agent_steps_trained"] == [trained] * 2
+        assert h["horizon_min"] == h["horizon_max"] == [40, 40] and h["variable_horizon"] == [False, False]
+        assert all(0.0 <= g <= 40.0 for g in h["gt_return"])
+        assert all(np.isfinite(h["reward_loss"]))
+    assert int(state.round[0]) == 4 and state.buffer.prefs.shape == (2, C)
+    assert res["reward_loss"].shape == (2,) and res["reward_accuracy"].dtype == np.float32
+    np.testing.assert_array_equal(res["reward_loss"], np.asarray(hist[-1]["reward_loss"], np.float32))
+    # the two seeds are different runs
+    assert not np.array_equal(state.reward.params["params"]["net"]["dense0"]["kernel"][0],
+                              state.reward.params["params"]["net"]["dense0"]["kernel"][1])
+    assert pc.dataset is state.buffer
+    meta = checkpoint.load_metadata(ckpt / lp.CHECKPOINT_NAME)
+    assert meta["rounds_done"] == 4 and meta["history"] == hist
+
+
+def test_agent_trains_on_the_learned_reward_in_the_loop(tiny_run):
+    """The loop binds the ensemble to the agent: rollouts carry (mean - shift) * scale, never the true reward."""
+    pc, state, *_ = tiny_run
+    assert isinstance(pc.generator.reward_apply, lp._ModuleReward) and pc.generator.reward_apply.ensemble
+    one = jax.tree.map(lambda x: x[0], state)
+    rp = pc.agent_reward(one)
+    assert float(rp.scale) != 1.0 and float(rp.shift) != 0.0
+    _, _, traj, true_r = pc.generator.rollout(one.gen.ppo, jax.random.key(0), rp)
+    # rewards of the transitions obs[t] -> obs[t + 1] (skip the last step, whose next obs is not stored)
+    obs, nxt = traj.obs[:-1], traj.obs[1:]
+    member = pf.ensemble_apply(pc.reward_module, one.reward.params, obs, traj.action[:-1], nxt, traj.done[:-1])
+    expected = (member.mean(-1) - rp.shift) * rp.scale
+    ok = ~np.asarray(traj.done[:-1])  # after a reset obs[t + 1] is the new episode's first observation
+    np.testing.assert_allclose(np.asarray(traj.reward[:-1])[ok], np.asarray(expected)[ok], rtol=1e-4, atol=1e-4)
+    assert not np.allclose(traj.reward, true_r)
+    # the normalisation is the buffer's: standardised learned rewards over the stored transitions
+    inputs = one.buffer.pairs.transitions()
+    r = (pf.ensemble_apply(pc.reward_module, one.reward.params, *inputs).mean(-1) - rp.shift) * rp.scale
+    np.testing.assert_allclose([float(r.mean()), float(r.std())], [0.0, 1.0], atol=1e-3)  # the buffer is full
+
+
+@pytest.mark.slow
+def test_resume_after_kill_is_identical(tiny_run, tmp_path):
+    """Kill a run (SIGKILL) after 2 rounds in a subprocess, resume it, compare to the uninterrupted run."""
+    pc, state, hist, res, _, _ = tiny_run
+    script = (
+        "import os, signal, sys\n"
+        "from tests.preference.test_loop import make_tiny, T, C, SEED\n"
+        "def cb(i):\n"
+        "    if i == 1:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "make_tiny().train(SEED, T, C, cb, num_seeds=2, checkpoint_dir=sys.argv[1])\n"
+        "print('not killed')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == -9, r.stderr[-2000:]
+    assert "not killed" not in r.stdout
+    assert checkpoint.load_metadata(tmp_path / lp.CHECKPOINT_NAME)["rounds_done"] == 2
+    rounds = []
+    res2 = pc.train(SEED, T, C, rounds.append, num_seeds=2, checkpoint_dir=tmp_path, resume=True)
+    assert rounds == [2, 3]
+    assert_trees_close(pc.state, state, err="resumed vs uninterrupted: ")
+    assert pc.history == hist
+    np.testing.assert_array_equal(res2["reward_accuracy"], res["reward_accuracy"])
+    # a finished run resumes to itself without training; another run's checkpoint is refused
+    assert pc.train(SEED, T, C, rounds.append, num_seeds=2, checkpoint_dir=tmp_path, resume=True) and rounds == [2, 3]
+    with pytest.raises(ValueError, match="belongs to another run"):
+        pc.train(SEED, T, C, num_seeds=3, checkpoint_dir=tmp_path, resume=True)
+
+
+# ------------------------------------------------------------------ dataset loops (no agent)
+def test_run_is_jittable_and_vmaps_over_seeds(dataset_trajs):
+    pc = make_dataset_loop(dataset_trajs)
+    cap = pc.plan(0, 60).capacity
+    run = lambda k: pc.run(pc.init(k, cap), 0, 60)  # noqa: E731
+    keys = jax.random.split(jax.random.key(1), 2)
+    states, metrics = jax.jit(jax.vmap(run))(keys)
+    assert metrics["reward_loss"].shape == (2, 4) and states.round.tolist() == [4, 4]
+    for i in range(2):
+        s_i, m_i = jax.jit(run)(keys[i])
+        assert_trees_close(jax.tree.map(lambda x: x[i], metrics), m_i, rtol=2e-4, atol=1e-5)
+        assert_trees_close(jax.tree.map(lambda x: x[i], states.reward.params), s_i.reward.params, rtol=2e-4, atol=1e-5)
+
+
+def test_end_to_end_reward_fit_with_a_queue_limit(dataset_trajs):
+    """Comparisons of random-policy CartPole fragments teach the upright reward (Pearson > 0.8 on held-out
+    episodes), with a buffer that keeps only the newest 250 of the 600 comparisons."""
+    pc = make_dataset_loop(dataset_trajs, num_iterations=3, comparison_queue_size=250)
+    pc.train(0, 0, 600)
+    plan = pc.plan(0, 600)
+    assert plan.capacity == 250
+    assert [h["num_pairs"] for h in pc.history] == list(plan.schedule)
+    assert [h["buffer_size"] for h in pc.history] == [min(sum(plan.schedule[: i + 1]), 250) for i in range(4)]
+    assert int(pc.state.buffer.next) == sum(plan.schedule) % 250  # the ring wrapped around
+    assert all(h["agent_steps_trained"] == 0 and np.isnan(h["gt_return"]) for h in pc.history)
+    held_out = _random_policy_trajs(jax.random.key(77), 3_000)
+    corr = lp.reward_correlation(pc.reward_module, pc.state.reward.params, held_out)
+    pairs = pf.random_fragments(5, held_out, 10, 500)
+    acc, decided = lp.preference_accuracy(pc.reward_module, pc.state.reward.params, pairs)
+    assert float(corr) > 0.8, float(corr)
+    assert int(decided) > 20 and float(acc) > 0.9
+    # the reward model of round 0 is judged on round 1's new pairs: better than chance by the end
+    assert pc.history[-1]["fresh_accuracy"] > 0.8
+    # an untrained model does not correlate
+    fresh = pc.reward_trainer.init(1, pf.example_inputs(pairs)).params
+    assert abs(float(lp.reward_correlation(pc.reward_module, fresh, held_out))) < 0.8
+
+
+# ------------------------------------------------------------------ variable horizons and errors
+class _VariableGenerator:
+    """A pure generator whose terminal episodes have lengths 6 and 9."""
+
+    def init(self, key):
+        return jnp.zeros((), jnp.int32)
+
+    def sample(self, state, key, steps, *, max_steps=None):
+        obs = jax.random.normal(key, (4, 10, 4))
+        return pf.Trajectories(obs=obs, acts=jnp.zeros((4, 9), jnp.int32), rews=jnp.ones((4, 9)),
+                               lengths=jnp.array([6, 9, 6, 9], jnp.int32), terminal=jnp.ones(4, bool))
+
+    def train(self, state, key, steps, reward_params=None):
+        return state
+
+
+def test_variable_horizons_are_refused(dataset_trajs, caplog):
+    net = reward_net(make_env("cartpole")[0], hidden_sizes=(8,))
+    pc = lp.PreferenceComparisons(_VariableGenerator(), net, num_iterations=1, fragment_length=3, progress=False,
+                                  initial_epoch_multiplier=1.0)
+    with pytest.raises(ValueError, match=r"Episodes of different length detected: \[6, 9\]"):
+        pc.train(0, 10, 10)
+    assert pc.state is None and pc.history == []  # nothing committed
+    with caplog.at_level(logging.WARNING, logger="jaxweight.preference"):
+        lp.PreferenceComparisons(_VariableGenerator(), net, num_iterations=1, fragment_length=3,
+                                 allow_variable_horizon=True)
+    assert "allow_variable_horizon" in caplog.text
+    pc.allow_variable_horizon = True  # the check is on the host: the same compiled rounds now go through
+    pc.train(0, 10, 10)
+    assert pc.history[-1]["variable_horizon"] and pc.history[-1]["buffer_size"] == 10
+    # a dataset whose terminal episodes differ is refused up front
+    mixed = dataset_trajs.replace(lengths=dataset_trajs.lengths.at[0].set(50))
+    with pytest.raises(ValueError, match="allow_variable_horizon=True"):
+        make_dataset_loop(mixed)
+
+
+def test_bad_arguments(dataset_trajs):
+    net = reward_net(make_env("cartpole")[0], hidden_sizes=(8,))
+    gen = DatasetGenerator(dataset_trajs)
+    with pytest.raises(ValueError, match="pure generator"):
+        lp.PreferenceComparisons(object(), net, 2)
+    with pytest.raises(ValueError, match="not a HostGenerator"):
+        lp.PreferenceComparisons(HostGenerator(gen, 0), net, 2)
+    with pytest.raises(ValueError, match="another module"):
+        lp.PreferenceComparisons(gen, net, 2, reward_trainer=pf.RewardTrainer(reward_net(make_env("cartpole")[0])))
+    with pytest.raises(ValueError, match="needs an ensemble"):
+        lp.PreferenceComparisons(gen, net, 2, fragmenter="active")
+    with pytest.raises(ValueError, match="Unknown query schedule"):
+        lp.PreferenceComparisons(gen, net, 2, query_schedule="cubic")
+    with pytest.raises(ValueError, match="num_iterations must be >= 1"):
+        lp.PreferenceComparisons(gen, net, 0)
+    with pytest.raises(ValueError, match="fragment_length must be >= 1"):
+        lp.PreferenceComparisons(gen, net, 2, fragment_length=0)
+    with pytest.raises(ValueError, match="initial_comparison_frac"):
+        lp.PreferenceComparisons(gen, net, 2, initial_comparison_frac=1.5)
+    reg = pf.RewardTrainer(net, regularizer=pf.lp_regularizer(
+        0.1, lambda_updater=pf.IntervalParamScaler(0.1, (0.9, 1.1)), val_split=0.1))
+    with pytest.raises(ValueError, match="Not enough data samples"):
+        lp.PreferenceComparisons(gen, net, 2, reward_trainer=reg).plan(0, 20)
