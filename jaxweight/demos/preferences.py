@@ -51,11 +51,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxweight import checkpoint
 from jaxweight._util import atomic_write_bytes, atomic_write_json
 from jaxweight.preference import RewardTrainer, concatenate_trajectories, random_fragments
 from jaxweight.preference.envs import make_env, reward_net
 from jaxweight.preference.generators import AgentGenerator, PPOConfig, PPOHParams
-from jaxweight.preference.loop import PreferenceComparisons, preference_accuracy, reward_correlation
+from jaxweight.preference.loop import CHECKPOINT_NAME, PreferenceComparisons, preference_accuracy, reward_correlation
 
 DEFAULT_OUT = "jaxweight-out/preferences"
 GOAL_RETURN = {"cartpole": 450.0}
@@ -303,6 +304,21 @@ def _json_ready(x: Any) -> Any:
 
 
 # ---------------------------------------------------------------- run
+def _checkpoint_status(ckpt_dir: Path, resume: bool, num_rounds: int) -> str:
+    """One line saying whether the run resumes a checkpoint, starts afresh over one, or starts anew."""
+    path = Path(ckpt_dir) / CHECKPOINT_NAME
+    if not path.exists():
+        return "[preferences] starting a new run" + (" (no checkpoint to resume)" if resume else "")
+    try:
+        done = int(checkpoint.load_metadata(path).get("rounds_done", 0))
+    except (ValueError, OSError) as e:  # a damaged file: say so; train() raises if it is resumed
+        return f"[preferences] the checkpoint {path} cannot be read ({e})"
+    if resume:
+        return f"[preferences] resuming after round {done} of {num_rounds} from {path}"
+    return (f"[preferences] starting afresh: the checkpoint of an earlier run ({done} of {num_rounds} rounds) "
+            f"in {path} will be overwritten; pass --resume to continue it instead")
+
+
 def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, out: str | os.PathLike | None = None,
         resume: bool = False, progress: bool = True, baseline: bool | None = None, seed: int = 0) -> dict:
     """Run the demo; returns the results dict (also written to ``out/<env>[_quick].json`` with a PNG plot).
@@ -328,6 +344,8 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
     print(f"[preferences] {env}: {s.seeds} seeds x {plan.num_rounds} rounds, {s.total_comparisons} comparisons "
           f"of {s.fragment_length}-step fragments, {sum(plan.agent_steps):,} agent steps per seed"
           + (f"; checkpoints in {ckpt}" if ckpt else ""), flush=True)
+    if ckpt is not None:
+        print(_checkpoint_status(ckpt, resume, plan.num_rounds), flush=True)
     pc.train(seed, s.total_timesteps, s.total_comparisons, num_seeds=s.seeds, checkpoint_dir=ckpt, resume=resume)
     t_loop = time.perf_counter() - t0
     if baseline is None:

@@ -73,3 +73,18 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     assert np.mean(final["return"]) > 300, final["return"]                     # a random policy gets ~20
     # the loop's accounting made it into the history
     assert [h["buffer_size"][0] for h in res["history"]] == list(np.cumsum(res["plan"]["schedule"]))
+
+
+def test_checkpoint_status_line(tmp_path):
+    """The demo says whether it resumes, overwrites an earlier run's checkpoint, or starts anew."""
+    from jaxweight import checkpoint
+    from jaxweight.preference.loop import CHECKPOINT_NAME
+
+    assert demo._checkpoint_status(tmp_path, False, 7) == "[preferences] starting a new run"
+    assert "no checkpoint to resume" in demo._checkpoint_status(tmp_path, True, 7)
+    checkpoint.save(tmp_path / CHECKPOINT_NAME, {"x": np.zeros(2, np.float32)}, metadata={"rounds_done": 3})
+    assert demo._checkpoint_status(tmp_path, True, 7).startswith("[preferences] resuming after round 3 of 7")
+    over = demo._checkpoint_status(tmp_path, False, 7)
+    assert "3 of 7 rounds" in over and "will be overwritten" in over and "--resume" in over
+    (tmp_path / CHECKPOINT_NAME).write_bytes(b"garbage")
+    assert "cannot be read" in demo._checkpoint_status(tmp_path, True, 7)
