@@ -188,8 +188,8 @@ def run(quick: bool = False) -> list[dict]:
     states = jax.vmap(C.init_controller)(taus, betas)
     # outputs that do not depend on (tau, beta, temperature) are returned once, not 64 times
     out_axes = M.MaxEntStepOutput(advantages=None, q=0, weights=0, entropy=0, ess=0, ess_mean=0, max_weight=0,
-                                  frac_zero_std=None, zero_std=None, mean=None, std=None, num_nonfinite=None,
-                                  valid=None, state=0)
+                                  frac_zero_std=None, zero_std=None, mean=None, std=None, n_nonfinite=None,
+                                  n_invalid=None, valid=None, kl=None, state=0)
     sweep = jax.jit(jax.vmap(_fused, in_axes=(0, None, None, None, None, 0), out_axes=out_axes))
     t_sweep = time_jax(sweep, states, ju, jref, jtok, jmask, temps, n=3, warmup=1)  # compile time
 

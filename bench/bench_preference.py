@@ -429,9 +429,9 @@ def _train_case(num_pairs, net, measure_baseline, quick, th=None):
     buf = pf.buffer_push(pf.buffer_init(num_pairs, pairs), pairs, prefs)
     trainer = pf.RewardTrainer(net, num_members=M, batch_size=BATCH, progress=False)
     state = trainer.init(0, _example(pairs.transitions()))
-    data = tr.prepare_data(trainer.config, jax.random.key(1), buf)
-    epoch = jax.jit(tr.train_epoch, static_argnums=0)
-    t = time_jax(lambda s, k, b, d: epoch(trainer.config, s, k, b, d), state, jax.random.key(2), buf, data,
+    data = tr.prepare_data(jax.random.key(1), buf, trainer.config)
+    epoch = jax.jit(tr.train_epoch, static_argnums=4)
+    t = time_jax(lambda s, k, b, d: epoch(s, k, b, d, trainer.config), state, jax.random.key(2), buf, data,
                  n=3 if (quick or num_pairs >= 100_000) else 5, warmup=1)
     base = None
     if measure_baseline:

@@ -175,7 +175,7 @@ def run(quick: bool = False) -> list[dict]:
 
     # one step of 10^4 trajectories at once (a training loop that resamples every step)
     Tn = T
-    states = jax.vmap(rw.init, in_axes=(0, None))(jax.random.split(key, Tn), cfg)
+    states = jax.vmap(rw.init, in_axes=(None, 0))(cfg, jax.random.split(key, Tn))
     keys = jax.random.split(jax.random.key(1), Tn)
     vstep = jax.jit(jax.vmap(rw.step, in_axes=(0, 0, None)))
     t_step = time_jax(vstep, states, keys, cfg, n=n_rep * 2)

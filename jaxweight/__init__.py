@@ -11,6 +11,12 @@ Submodules (imported on first use, so ``import jaxweight`` stays cheap):
 - ``jaxweight.sync``              learner -> actor weight sync (torchrl UpdateWeights)
 - ``jaxweight.distributed``       meshes, data-parallel reward training, multi-host helpers
 - ``jaxweight.checkpoint``        atomic msgpack checkpoints of any state pytree
+- ``jaxweight.metrics``           flat metric dicts, JSON-lines and TensorBoard writers
+- ``jaxweight.interop``           atropos / maxent_grpo / imitation formats
+
+``jaxweight.checked(fn)`` runs ``fn`` under checkify so that traced hyperparameter checks
+raise ``ValueError`` like eager ones; ``jaxweight.StateFileError`` is the one error for a
+malformed state or checkpoint file.
 """
 
 import importlib
@@ -27,13 +33,17 @@ _SUBMODULES = (
     "sync",
     "distributed",
     "checkpoint",
+    "metrics",
+    "interop",
 )
-__all__ = ["__version__", *_SUBMODULES]
+__all__ = ["__version__", "checked", "StateFileError", *_SUBMODULES]
 
 
 def __getattr__(name):
     if name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
+    if name in ("checked", "StateFileError"):  # the validation wrapper and the one file error
+        return getattr(importlib.import_module("._util", __name__), name)
     raise AttributeError(f"module 'jaxweight' has no attribute {name!r}")
 
 

@@ -167,6 +167,16 @@ def masked_std(
     return out
 
 
+def _shifted_exp(logits: Array, mask: Array | None, axis: int):
+    """The pieces both masked softmaxes share: mask, masked logits, row max, exp, row sum."""
+    m = _mask_like(logits, mask)
+    z = jnp.where(m, logits, -jnp.inf)
+    mx = jnp.max(z, axis=axis, keepdims=True)
+    mx = jnp.where(jnp.isfinite(mx), mx, 0.0)
+    e = jnp.where(m, jnp.exp(z - mx), 0.0)
+    return m, z, mx, e, jnp.sum(e, axis=axis, keepdims=True)
+
+
 def masked_log_softmax(logits: Array, mask: Array | None, axis: int = -1) -> Array:
     """log-softmax over masked-in entries; masked entries get ``-inf``.
 
@@ -174,24 +184,14 @@ def masked_log_softmax(logits: Array, mask: Array | None, axis: int = -1) -> Arr
     Entries that are masked in but ``-inf`` stay ``-inf``; NaN inputs under the
     mask never leak into other entries.
     """
-    m = _mask_like(logits, mask)
-    z = jnp.where(m, logits, -jnp.inf)
-    mx = jnp.max(z, axis=axis, keepdims=True)
-    mx = jnp.where(jnp.isfinite(mx), mx, 0.0)
-    e = jnp.where(m, jnp.exp(z - mx), 0.0)
-    s = jnp.sum(e, axis=axis, keepdims=True)
+    m, z, mx, _, s = _shifted_exp(logits, mask, axis)
     lse = jnp.log(jnp.where(s > 0, s, 1.0)) + mx
     return jnp.where(m & (s > 0), z - lse, -jnp.inf)
 
 
 def masked_softmax(logits: Array, mask: Array | None, axis: int = -1) -> Array:
     """softmax over masked-in entries; masked entries and empty rows give 0 (never NaN)."""
-    m = _mask_like(logits, mask)
-    z = jnp.where(m, logits, -jnp.inf)
-    mx = jnp.max(z, axis=axis, keepdims=True)
-    mx = jnp.where(jnp.isfinite(mx), mx, 0.0)
-    e = jnp.where(m, jnp.exp(z - mx), 0.0)
-    s = jnp.sum(e, axis=axis, keepdims=True)
+    _, _, _, e, s = _shifted_exp(logits, mask, axis)
     return jnp.where(s > 0, e / jnp.where(s > 0, s, 1.0), 0.0)
 
 
@@ -240,3 +240,239 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, **dump_kwargs: Any) -> 
     """``json.dumps(obj)`` written with :func:`atomic_write_bytes`."""
     dump_kwargs.setdefault("indent", 2)
     return atomic_write_bytes(path, (json.dumps(obj, **dump_kwargs) + "\n").encode("utf-8"))
+
+
+# ------------------------------------------------------------- validation
+# One helper for every value check of the library. A check gives the same answer
+# eagerly and under ``jax.jit``: where the value is concrete (config/init time, Python
+# numbers captured as constants) it raises ``ValueError`` at once; where it is traced
+# it becomes a ``checkify`` check, reported as a ``ValueError`` with the same message
+# by :func:`checked` (or any ``jax.experimental.checkify.checkify`` around the call).
+# Under a bare ``jax.jit`` a traced check costs nothing and is not reported; values
+# built from Python numbers are never traced, so that case needs a user who sweeps a
+# hyperparameter as a jit argument.
+
+
+class StateFileError(ValueError):
+    """A state or checkpoint file is malformed: missing key, wrong type, binary,
+    truncated, corrupted or written by something else. The message names the file."""
+
+
+def is_concrete(x: Any) -> bool:
+    """True when ``x`` (and every leaf of it) has a value known now (not a tracer)."""
+    return not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(x))
+
+
+def concrete(x: Any) -> np.ndarray | None:
+    """``x`` as a NumPy array when its value is known now, else ``None``."""
+    if isinstance(x, jax.core.Tracer):
+        return None
+    try:
+        if is_key(x):
+            return None
+        return np.asarray(x)
+    except Exception:  # noqa: BLE001 - anything not convertible is treated as traced
+        return None
+
+
+def _fmt(v: Any) -> str:
+    a = concrete(v)
+    if a is None:
+        return repr(v)
+    if a.ndim == 0:
+        return repr(a.item())
+    return np.array2string(a, threshold=8, separator=", ")
+
+
+def _range_text(ge, gt, le, lt) -> str:
+    lo_b = ge if ge is not None else gt
+    hi_b = le if le is not None else lt
+    if lo_b is not None and hi_b is not None:
+        return f"in {'[' if ge is not None else '('}{lo_b}, {hi_b}{']' if le is not None else ')'}"
+    if lo_b is not None:
+        return f"{'>=' if ge is not None else '>'} {lo_b}"
+    return f"{'<=' if le is not None else '<'} {hi_b}"
+
+
+def check_value(
+    value: Any,
+    name: str,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    finite: bool = True,
+    integer: bool = False,
+    static: bool = False,
+) -> Any:
+    """Check every entry of a hyperparameter; return ``value`` unchanged.
+
+    Concrete values raise ``ValueError("NAME must be ... in [lo, hi], got VALUE")``
+    at once; traced values become a ``checkify`` check with the same message (see
+    :func:`checked`). NaN always fails a range (and ``finite=True`` refuses inf).
+
+    Args:
+      value: scalar or array (Python number, NumPy or jax array, tracer).
+      name: the argument name used in the message.
+      ge, gt, le, lt: bounds (``>=``, ``>``, ``<=``, ``<``); None for none.
+      finite: refuse NaN and +-inf.
+      integer: refuse non-integer values (``2.5``; integer dtypes pass).
+      static: the value is a host setting (it sets a size, is stored on a Python
+        object or goes through ``float()``): a traced value is refused at once
+        with ``ValueError("NAME must be static (...) and <range>, got a traced f32[]")``
+        instead of failing later with a JAX concretization error.
+
+    Raises:
+      ValueError: for a bad concrete value, or any traced one with ``static=True``.
+    """
+    parts = []
+    if integer:
+        parts.append("an integer")
+    if finite:
+        parts.append("finite")
+    rng = _range_text(ge, gt, le, lt) if any(b is not None for b in (ge, gt, le, lt)) else ""
+    want = " and ".join(parts + ([rng] if rng else [])) or "a number"
+
+    def ok(x, xp):
+        good = ~xp.isnan(x)
+        if finite:
+            good = good & xp.isfinite(x)
+        if ge is not None:
+            good = good & (x >= ge)
+        if gt is not None:
+            good = good & (x > gt)
+        if le is not None:
+            good = good & (x <= le)
+        if lt is not None:
+            good = good & (x < lt)
+        if integer:
+            good = good & (xp.floor(x) == x)
+        return good
+
+    c = concrete(value)
+    if c is None and static:
+        aval = getattr(value, "aval", None)
+        what = aval.str_short() if aval is not None else type(value).__name__
+        raise ValueError(f"{name} must be static (a concrete number, not traced under jax.jit) and {want}, "
+                         f"got a traced {what}")
+    if c is not None:
+        if c.dtype == object or c.dtype.kind not in "biuf":
+            raise ValueError(f"{name} must be a number, got {value!r}")
+        if c.dtype.kind == "b":
+            raise ValueError(f"{name} must be a number, got bool {value!r}")
+        if not np.all(ok(c.astype(np.float64), np)):
+            raise ValueError(f"{name} must be {want}, got {_fmt(value)}")
+        return value
+    x = jnp.asarray(value)
+    from jax.experimental import checkify
+
+    checkify.check(
+        jnp.all(ok(x.astype(jnp.float32), jnp)), f"{name} must be {want}, got {{v}}", v=x, debug=True
+    )
+    return value
+
+
+def check_order(lo: Any, hi: Any, name_lo: str, name_hi: str, *, strict: bool = False) -> None:
+    """Refuse ``lo > hi`` (``lo >= hi`` with ``strict``), eagerly or through checkify."""
+    rel = "<" if strict else "<="
+    msg = f"{name_lo} must be {rel} {name_hi}"
+    a, b = concrete(lo), concrete(hi)
+    if a is not None and b is not None:
+        bad = ~(a < b) if strict else ~(a <= b)
+        if np.any(bad):
+            raise ValueError(f"{msg}, got {name_lo}={_fmt(lo)} and {name_hi}={_fmt(hi)}")
+        return
+    from jax.experimental import checkify
+
+    la, hb = jnp.asarray(lo, jnp.float32), jnp.asarray(hi, jnp.float32)
+    good = (la < hb) if strict else (la <= hb)
+    checkify.check(jnp.all(good), f"{msg}, got {name_lo}={{a}} and {name_hi}={{b}}", a=la, b=hb, debug=True)
+
+
+def check_choice(value: Any, name: str, choices: Sequence[Any]) -> Any:
+    """Refuse a static setting (a name, a mode) outside ``choices``."""
+    if value not in tuple(choices):
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+    return value
+
+
+def checked(fn):
+    """Wrap ``fn`` so that its traced value checks raise like the eager ones.
+
+    ``checked(jax.jit(f))(*args)`` runs ``f`` under ``jax.experimental.checkify``
+    and raises ``ValueError`` (checkify's ``JaxRuntimeError``) with the same
+    message an eager call gives for the same bad value, e.g. a temperature
+    swept as a jit argument. Values that are concrete raise before that, as usual.
+
+    Example::
+
+        step = jaxweight.checked(jax.jit(cur.update))
+        state = step(state, ids, scores, cfg)   # a bad traced cfg value raises ValueError
+    """
+    import functools
+
+    from jax.experimental import checkify
+
+    cf = checkify.checkify(fn, errors=checkify.user_checks)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        err, out = cf(*args, **kwargs)
+        err.throw()
+        return out
+
+    return wrapper
+
+
+# ------------------------------------------------------------ bad data
+def finite_mask(x: Array, mask: Array | None = None) -> Array:
+    """``mask & isfinite(x)`` (``mask`` broadcast to ``x``); the valid entries of a batch."""
+    return _mask_like(x, mask) & jnp.isfinite(x)
+
+
+def count_invalid(x: Array, mask: Array | None = None) -> Array:
+    """``i32[]`` number of masked-in entries of ``x`` that are NaN or +-inf."""
+    m = _mask_like(x, mask)
+    return jnp.sum(m & ~jnp.isfinite(x), dtype=jnp.int32)
+
+
+__all__ += [
+    "StateFileError",
+    "is_concrete",
+    "concrete",
+    "check_value",
+    "check_order",
+    "check_choice",
+    "checked",
+    "finite_mask",
+    "count_invalid",
+]
+
+
+def warn_deprecated(old: str, new: str) -> None:
+    """Emit the one ``DeprecationWarning`` text every renamed public name uses."""
+    import warnings
+
+    warnings.warn(
+        f"{old} is deprecated and will be removed in a future release; use {new}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
+__all__ += ["warn_deprecated"]
+
+
+def progress_bar(total: int, desc: str, **kwargs: Any) -> Any:
+    """A tqdm bar (host side): the one place a library module gets a progress bar from.
+
+    Library code shows one only when the caller asked for it (``progress=True``);
+    the CLI and the demos turn it on.
+    """
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, **kwargs)
+
+
+__all__ += ["progress_bar"]

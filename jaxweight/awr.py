@@ -11,7 +11,7 @@ weight ``min(exp(A / beta), max_weight)`` where ``A`` is its advantage.
 * :class:`WeightPolicy`: a flax module ``features f32[..., F] -> (mean, log_std) f32[..., K]``,
   a diagonal Gaussian over the K log-weights.
 * :func:`fit_weight_policy`: minibatch AWR with optax (one jitted ``lax.scan``
-  per epoch, a tqdm progress bar that can be switched off).
+  per epoch; progress only through an explicit ``callback=``, nothing is printed).
 * :func:`predict_log_weights`: the policy's mean log-weights for new features.
 
 Example::
@@ -41,8 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import struct
-from tqdm import tqdm
-
+from . import _util
 from ._util import as_key, check_rank, check_same_shape, check_static_int, masked_count, masked_mean, masked_std
 
 Array = jax.Array
@@ -61,21 +60,11 @@ __all__ = [
 _LOG_2PI = float(np.log(2 * np.pi))
 
 
-def _concrete(x: Any) -> np.ndarray | None:
-    try:
-        return np.asarray(x)
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        return None
-
-
 def _positive_scalar(x: Any, name: str) -> Array:
-    a = jnp.asarray(x, jnp.float32)
-    if a.shape != ():
-        raise ValueError(f"{name} must be a scalar, got shape {a.shape}")
-    c = _concrete(a)
-    if c is not None and not (np.isfinite(c) and c > 0):
-        raise ValueError(f"{name} must be finite and > 0, got {float(c)}")
-    return a
+    if np.ndim(x) != 0:
+        raise ValueError(f"{name} must be a scalar, got shape {np.shape(x)}")
+    _util.check_value(x, name, gt=0.0)
+    return jnp.asarray(x, jnp.float32)
 
 
 def _valid_mask(x: Array, mask: Any, name: str) -> Array:
@@ -98,13 +87,16 @@ def awr_weights(
 
     With ``normalize`` the advantages are first standardised,
     ``A = (A - mean) / (std + 1e-8)`` (population std over the valid
-    entries). Masked-out and non-finite advantages get weight 0 and do not
-    enter the mean/std.
+    entries; computed on advantages scaled by their largest magnitude when
+    that exceeds 1, so values up to 3e38 give finite weights). Masked-out and
+    non-finite advantages (NaN, +-inf: bad data) get weight 0 and do not enter
+    the mean/std (:func:`fit_weight_policy` reports how many as ``n_invalid``).
 
     Args:
       advantages: f32[...] advantages.
-      temperature: f32[] beta > 0.
-      max_weight: f32[] clip > 0.
+      temperature: f32[] beta, finite and > 0 (ValueError otherwise, also
+        under ``jaxweight.checked(jax.jit(...))`` when traced).
+      max_weight: f32[] clip, finite and > 0.
       normalize: static bool, standardise the advantages first.
       mask: optional bool[...] of the same shape; False = excluded.
 
@@ -126,9 +118,13 @@ def awr_weights(
     valid = _valid_mask(adv, mask, "advantages")
     a = jnp.where(valid, adv, 0.0)
     if normalize:
+        # scale first so that huge finite advantages cannot overflow the mean/std
+        s = jnp.maximum(jnp.max(jnp.abs(a)), 1.0)
+        a = a / s
         mu = masked_mean(a, valid)
         sd = masked_std(a, valid)
-        a = (a - mu) / (sd + 1e-8)
+        den = sd + 1e-8 / s
+        a = jnp.where(den > 0, (a - mu) / jnp.where(den > 0, den, 1.0), 0.0)
     # exp of the clipped exponent: the same value as min(exp(z), wmax) without overflow to inf
     z = jnp.minimum(a / beta, jnp.log(wmax))
     return jnp.where(valid, jnp.minimum(jnp.exp(z), wmax), 0.0)
@@ -146,7 +142,8 @@ def awr_loss(
 
     The weights are constants (``stop_gradient``); only ``log_probs`` carries
     gradients. Entries that are masked out or have a non-finite advantage or
-    log-prob are excluded (and do not count in the mean); 0 if none is valid.
+    log-prob are excluded (from the advantage normalisation and from the
+    mean); 0 if none is valid.
 
     Args:
       log_probs: f32[...] log-likelihood of each recorded action under the policy.
@@ -159,9 +156,9 @@ def awr_loss(
     lp = jnp.asarray(log_probs)
     adv = jnp.asarray(advantages, jnp.float32)
     check_same_shape(adv, lp, "advantages", "log_probs")
-    valid = _valid_mask(adv, mask, "advantages")
+    # an entry with a non-finite log-prob is invalid too: it stays out of the normalisation
+    valid = _valid_mask(adv, mask, "advantages") & jnp.isfinite(lp)
     w = awr_weights(adv, temperature, max_weight, normalize, valid)
-    valid &= jnp.isfinite(lp)
     w = jax.lax.stop_gradient(jnp.where(valid, w, 0.0))
     return -masked_mean(w * jnp.where(valid, lp, 0.0), valid)
 
@@ -190,6 +187,9 @@ class WeightPolicy(nn.Module):
       mean_bounds: ``(lo, hi)`` of the mean, e.g. the log-weight bounds, or None.
       log_std_init, log_std_min, log_std_max: the log-std parameter.
 
+    Finite settings with ``log_std_min <= log_std_max`` and ``lo < hi`` are checked when the
+    module is built (``ValueError`` naming the field).
+
     Example::
 
         pol = WeightPolicy(num_components=5)
@@ -204,6 +204,20 @@ class WeightPolicy(nn.Module):
     log_std_init: float = -0.5
     log_std_min: float = -5.0
     log_std_max: float = 2.0
+
+    def __post_init__(self):
+        # static settings of the network: checked when the module is built
+        for name in ("log_std_init", "log_std_min", "log_std_max"):
+            _util.check_value(getattr(self, name), name, static=True)
+        _util.check_order(self.log_std_min, self.log_std_max, "log_std_min", "log_std_max")
+        if self.mean_bounds is not None:
+            if len(self.mean_bounds) != 2:
+                raise ValueError(f"mean_bounds must be None or (lo, hi), got {self.mean_bounds!r}")
+            lo, hi = self.mean_bounds
+            _util.check_value(lo, "mean_bounds[0]", static=True)
+            _util.check_value(hi, "mean_bounds[1]", static=True)
+            _util.check_order(lo, hi, "mean_bounds[0]", "mean_bounds[1]", strict=True)
+        super().__post_init__()
 
     @nn.compact
     def __call__(self, features: Array) -> tuple[Array, Array]:
@@ -269,8 +283,8 @@ def predict_log_weights(params: WeightPolicyParams, features: Any) -> Array:
 @functools.partial(jax.jit, static_argnames="normalize")
 def _prepare(x, a, adv, mask, temperature, max_weight, normalize):
     """Valid rows, AWR weights over the whole data set, standardised features, weight statistics."""
-    valid = (jnp.isfinite(adv) & jnp.all(jnp.isfinite(x), axis=1) & jnp.all(jnp.isfinite(a), axis=1)
-             & mask.astype(bool))
+    finite = jnp.isfinite(adv) & jnp.all(jnp.isfinite(x), axis=1) & jnp.all(jnp.isfinite(a), axis=1)
+    valid = finite & mask.astype(bool)
     w = awr_weights(adv, temperature, max_weight, normalize, valid)
     x = jnp.where(valid[:, None], x, 0.0)
     a = jnp.where(valid[:, None], a, 0.0)
@@ -281,6 +295,7 @@ def _prepare(x, a, adv, mask, temperature, max_weight, normalize):
     sw, sw2 = jnp.sum(w), jnp.sum(w * w)
     stats = {
         "num_valid": n_valid,
+        "n_invalid": jnp.sum(mask.astype(bool) & ~finite, dtype=jnp.int32),
         "weight_ess": jnp.where(sw2 > 0, sw * sw / jnp.maximum(sw2, 1e-30), 0.0) / jnp.maximum(n_valid, 1.0),
         "clipped_fraction": masked_mean((w >= max_weight).astype(jnp.float32), valid),
     }
@@ -346,8 +361,9 @@ def fit_weight_policy(
     max_grad_norm: float = 1.0,
     batch_size: int = 256,
     num_epochs: int = 30,
-    progress: bool = True,
-    desc: str = "AWR fit",
+    callback: Callable[[int, dict[str, float]], Any] | None = None,
+    progress: Any = None,
+    desc: str | None = None,
 ) -> tuple[WeightPolicyParams, dict[str, Array]]:
     """Fit a :class:`WeightPolicy` to recorded ``(features, log_weights, advantages)`` by AWR.
 
@@ -370,23 +386,42 @@ def fit_weight_policy(
       module: a :class:`WeightPolicy` (K must match); else one is built from
         ``hidden_sizes`` and ``mean_bounds``.
       temperature, max_weight, normalize: AWR weights (:func:`awr_weights`).
-      learning_rate, weight_decay, max_grad_norm: optimiser.
+      learning_rate, weight_decay, max_grad_norm: optimiser (static Python numbers: > 0, >= 0, > 0).
       batch_size: static int >= 1 (capped at N).
       num_epochs: static int >= 0.
-      progress: show a tqdm progress bar.
-      desc: progress-bar label.
+      callback: optional ``callback(epoch, {"loss": float})`` called after
+        every epoch (the demo draws its progress bar with it). Without one
+        nothing is printed and the epochs run without a host sync.
+      progress: deprecated: a callable is used as ``callback``; ``True`` (the
+        old tqdm bar) warns and draws nothing; ``False``/None do nothing.
+      desc: deprecated, unused (the old progress-bar label).
 
     Returns:
       ``(params, metrics)``: :class:`WeightPolicyParams` and a dict with
       ``loss f32[num_epochs]`` (mean minibatch loss per epoch),
-      ``num_valid``, ``weight_ess`` (effective sample size of the AWR
+      ``num_valid``, ``n_invalid`` (rows excluded for a non-finite feature,
+      log-weight or advantage; masked-out rows are not counted),
+      ``weight_ess`` (effective sample size of the AWR
       weights / valid rows) and ``clipped_fraction`` (rows at ``max_weight``).
 
     Example::
 
-        params, m = fit_weight_policy(0, feats, lw, adv, num_epochs=20, progress=False)
+        params, m = fit_weight_policy(0, feats, lw, adv, num_epochs=20,
+                                      callback=lambda e, m: print(e, m["loss"]))
         pred = predict_log_weights(params, feats)                # f32[N, K]
     """
+    if callable(progress) and not isinstance(progress, bool):
+        if callback is not None:
+            raise ValueError("pass the progress function as callback= only")
+        _util.warn_deprecated("fit_weight_policy(progress=fn)", "fit_weight_policy(callback=fn)")
+        callback = progress
+    elif progress:
+        _util.warn_deprecated("fit_weight_policy(progress=True) (no bar is drawn any more)",
+                              "fit_weight_policy(callback=...)")
+    if desc is not None:
+        _util.warn_deprecated("fit_weight_policy(desc=...)", "fit_weight_policy(callback=...)")
+    if callback is not None and not callable(callback):
+        raise ValueError(f"callback must be a callable (epoch, metrics) -> None, got {callback!r}")
     key = as_key(key)
     x = jnp.asarray(features, jnp.float32)
     a = jnp.asarray(log_weights, jnp.float32)
@@ -413,10 +448,11 @@ def fit_weight_policy(
         raise ValueError(f"module must be a WeightPolicy, got {type(module).__name__}")
     if module.num_components != K:
         raise ValueError(f"module.num_components ({module.num_components}) must equal log_weights.shape[1] ({K})")
+    # optimiser settings are static (the compiled trainer is cached on them)
     for v, n in ((learning_rate, "learning_rate"), (max_grad_norm, "max_grad_norm")):
+        _util.check_value(v, n, gt=0.0, static=True)
         _positive_scalar(v, n)
-    if not (np.isfinite(weight_decay) and weight_decay >= 0):
-        raise ValueError(f"weight_decay must be finite and >= 0, got {weight_decay}")
+    _util.check_value(weight_decay, "weight_decay", ge=0.0, static=True)
 
     if mask is None:
         m = jnp.ones((N,), bool)
@@ -435,12 +471,10 @@ def fit_weight_policy(
                                            float(max_grad_norm), batch_size)(k_init, xs[:1])
     losses = []
     keys = jax.random.split(k_shuffle, max(num_epochs, 1))
-    with tqdm(total=num_epochs, desc=desc, disable=not progress, leave=False) as bar:
-        for e in range(num_epochs):
-            variables, opt_state, loss = epoch(variables, opt_state, keys[e], xs, a, w, valid)
-            losses.append(loss)
-            if progress:
-                bar.set_postfix(loss=f"{float(loss):.4f}")
-                bar.update(1)
+    for e in range(num_epochs):
+        variables, opt_state, loss = epoch(variables, opt_state, keys[e], xs, a, w, valid)
+        losses.append(loss)
+        if callback is not None:
+            callback(e, {"loss": float(loss)})
     metrics = {"loss": jnp.stack(losses) if losses else jnp.zeros((0,), jnp.float32), **stats}
     return WeightPolicyParams(variables=variables, feature_mean=fmean, feature_std=fstd, module=module), metrics

@@ -36,17 +36,21 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
-from ._util import atomic_write_bytes, is_key
+from ._util import StateFileError, atomic_write_bytes, atomic_write_json, is_key, warn_deprecated
 
-__all__ = ["save", "load", "load_metadata", "CheckpointError", "FORMAT_VERSION"]
+__all__ = ["save", "load", "load_with_metadata", "load_metadata", "save_json", "save_bytes", "CheckpointError",
+           "StateFileError", "FORMAT_VERSION"]
 
 MAGIC = b"JAXWCKPT"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sIQ32s")
 
 
-class CheckpointError(ValueError):
-    """A checkpoint file is truncated, corrupted, of another format or does not match the target."""
+class CheckpointError(StateFileError):
+    """A checkpoint file is truncated, corrupted, of another format or does not match the target.
+
+    A subclass of :class:`jaxweight.StateFileError`, the one error every malformed
+    state file raises (checkpoints, atropos and maxent_grpo JSON)."""
 
 
 def _leaf_records(tree: Any) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -94,6 +98,8 @@ def _read_payload(path: str | os.PathLike) -> dict:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} is not a regular file")
     data = path.read_bytes()
     if len(data) < _HEADER.size:
         raise CheckpointError(
@@ -116,9 +122,24 @@ def _read_payload(path: str | os.PathLike) -> dict:
     if hashlib.sha256(payload).digest() != digest:
         raise CheckpointError(f"checkpoint {str(path)!r} is corrupted: checksum mismatch")
     try:
-        return serialization.msgpack_restore(payload)
+        rec = serialization.msgpack_restore(payload)
     except Exception as e:  # noqa: BLE001 - any decoding failure means corruption
         raise CheckpointError(f"checkpoint {str(path)!r} is corrupted: {e}") from None
+    # A file with our header but another writer's payload: say so instead of a KeyError.
+    if not isinstance(rec, dict):
+        raise CheckpointError(f"checkpoint {str(path)!r} holds a {type(rec).__name__}, not a jaxweight record")
+    for k, typ in (("leaves", dict), ("kinds", dict), ("metadata", str)):
+        if k not in rec:
+            raise CheckpointError(f"checkpoint {str(path)!r} misses the {k!r} entry (written by something else?)")
+        if not isinstance(rec[k], typ):
+            raise CheckpointError(
+                f"checkpoint {str(path)!r}: entry {k!r} is a {type(rec[k]).__name__}, expected {typ.__name__}"
+            )
+    try:
+        json.loads(rec["metadata"])
+    except ValueError as e:
+        raise CheckpointError(f"checkpoint {str(path)!r}: metadata is not valid JSON ({e})") from None
+    return rec
 
 
 def load_metadata(path: str | os.PathLike) -> dict:
@@ -129,23 +150,38 @@ def load_metadata(path: str | os.PathLike) -> dict:
 def load(path: str | os.PathLike, target: Any, *, return_metadata: bool = False) -> Any:
     """Load a checkpoint into the structure of ``target``.
 
+    ``return_metadata=True`` is deprecated (a flag that changes the return arity):
+    use :func:`load_with_metadata`.
+
     Args:
       path: a file written by :func:`save`.
       target: a pytree with the expected structure, e.g. a freshly ``init``-ed
         state or ``jax.eval_shape(init, ...)`` (leaves may be arrays or
         ``jax.ShapeDtypeStruct``). Its static fields are kept.
-      return_metadata: also return the stored metadata dict.
+      return_metadata: deprecated; see :func:`load_with_metadata`.
 
     Returns:
       The restored tree (jax arrays with exactly the stored dtypes and shapes;
-      typed PRNG keys restored as typed keys), or ``(tree, metadata)``.
+      typed PRNG keys restored as typed keys).
 
     Raises:
       FileNotFoundError: ``path`` does not exist.
       CheckpointError (a ``ValueError``): truncated, corrupted, other format,
         or a leaf path / shape / dtype that does not match ``target``.
     """
+    if return_metadata:
+        warn_deprecated("checkpoint.load(..., return_metadata=True)", "checkpoint.load_with_metadata(path, target)")
+        return load_with_metadata(path, target)
+    return _restore(path, _read_payload(path), target)
+
+
+def load_with_metadata(path: str | os.PathLike, target: Any) -> tuple[Any, dict]:
+    """:func:`load` and :func:`load_metadata` from one read: ``(tree, metadata)``."""
     rec = _read_payload(path)
+    return _restore(path, rec, target), json.loads(rec["metadata"])
+
+
+def _restore(path: str | os.PathLike, rec: dict, target: Any) -> Any:
     leaves, kinds = rec["leaves"], rec["kinds"]
     flat, treedef = jax.tree_util.tree_flatten_with_path(target)
     want = [jax.tree_util.keystr(p) for p, _ in flat]
@@ -160,11 +196,14 @@ def load(path: str | os.PathLike, target: Any, *, return_metadata: bool = False)
         )
     out = []
     for (p, tleaf), name in zip(flat, want):
-        arr = np.asarray(leaves[name])
+        try:
+            arr = np.asarray(leaves[name])
+        except Exception as e:  # noqa: BLE001
+            raise CheckpointError(f"checkpoint {str(path)!r}, leaf {name}: not an array ({e})") from None
         kind = kinds.get(name, "array")
         if is_key(tleaf):
             if not kind.startswith("key:"):
-                raise CheckpointError(f"leaf {name}: target is a PRNG key, checkpoint holds an array")
+                raise CheckpointError(f"checkpoint {str(path)!r}, leaf {name}: target is a PRNG key, checkpoint holds an array")
             key = jax.random.wrap_key_data(jnp.asarray(arr), impl=kind[4:])
             if key.shape != tuple(tleaf.shape):
                 raise CheckpointError(
@@ -173,20 +212,31 @@ def load(path: str | os.PathLike, target: Any, *, return_metadata: bool = False)
             out.append(key)
             continue
         if kind != "array":
-            raise CheckpointError(f"leaf {name}: checkpoint holds a PRNG key, target is an array")
+            raise CheckpointError(f"checkpoint {str(path)!r}, leaf {name}: checkpoint holds a PRNG key, target is an array")
         tshape = tuple(np.shape(tleaf))
         tdtype = np.dtype(getattr(tleaf, "dtype", np.asarray(tleaf).dtype))
         if arr.shape != tshape:
-            raise CheckpointError(f"leaf {name}: shape {arr.shape} does not match target {tshape}")
+            raise CheckpointError(f"checkpoint {str(path)!r}, leaf {name}: shape {arr.shape} does not match target {tshape}")
         if arr.dtype != tdtype:
-            raise CheckpointError(f"leaf {name}: dtype {arr.dtype} does not match target {tdtype}")
+            raise CheckpointError(f"checkpoint {str(path)!r}, leaf {name}: dtype {arr.dtype} does not match target {tdtype}")
         if isinstance(tleaf, np.ndarray | np.generic):
             out.append(arr)  # numpy stays numpy (and float64 stays float64)
         elif isinstance(tleaf, bool | int | float | complex):
             out.append(type(tleaf)(arr.item()))
         else:
             out.append(jnp.asarray(arr))
-    tree = jax.tree_util.tree_unflatten(treedef, out)
-    if return_metadata:
-        return tree, json.loads(rec["metadata"])
-    return tree
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def save_json(path: str | os.PathLike, obj: Any, **dump_kwargs: Any) -> Path:
+    """Write ``obj`` as JSON atomically (temp file, fsync, rename): results, configs, state dicts."""
+    return atomic_write_json(path, obj, **dump_kwargs)
+
+
+def save_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` atomically (temp file in the same folder, fsync, rename): plots, CSV files.
+
+    A crash at any point leaves the old file or the new one, never a mix; parent
+    folders are created.
+    """
+    return atomic_write_bytes(path, data)

@@ -11,31 +11,45 @@ maxent_grpo steers two scalars of its sequence weights
 - both by a gradient step (:func:`meta_update`) of the analytic
   meta-controller (:func:`analytic_meta_grads`).
 
-The original mutates a settings object and returns early on warmup,
-non-finite measurements, tiny errors or a disabled controller. Here every
-update is a pure function ``state -> state`` whose early exits are masked
-``jnp.where`` updates, so the same code runs eagerly, under ``jax.jit`` and
-under ``jax.vmap`` over a batch of controllers (a hyperparameter sweep), and
-all continuous settings may be traced arrays.
-
-Persistence (:func:`save_controller_state` / :func:`load_controller_state`)
-reads and writes maxent_grpo's ``controller_state.json`` layout.
-
-Differences from the original: the learning rate is read on every call (the
-original cached ``tau_lr`` on first use), and there is no cross-rank
-broadcast -- in a multi-device loop average the measurement first
-(``jax.lax.pmean(entropy, axis_name)``) so every device applies the same
-update.
-
-Example::
+The component shape of jaxweight: every setting lives in one frozen
+:class:`ControllerConfig` built (and validated) by :func:`config`; the state
+comes from :func:`init`; updates take ``(state, data..., cfg)``::
 
     from jaxweight import controllers as C
 
-    state = C.init_controller(tau=0.5, beta=0.04)
-    sched = C.TauSchedule(target_entropy=0.8, learning_rate=0.1,
-                          minimum_value=0.05, maximum_value=2.0, warmup_steps=0)
-    state = C.update_tau(state, measured_entropy=1.0, global_step=1, schedule=sched)
-    C.save_controller_state("run/controller_state.json", state)
+    cfg = C.config(tau=0.5, beta=0.04,
+                   schedule=C.TauSchedule(target_entropy=0.8, learning_rate=0.1,
+                                          minimum_value=0.05, maximum_value=2.0, warmup_steps=0),
+                   kl=C.KLController(target=0.05, horizon=10, step_size=0.2))
+    state = C.init(cfg)
+    state = C.update(state, measured_entropy=1.0, global_step=1, cfg=cfg, measured_kl=0.07)
+
+Every numeric setting is a float32 / int32 array leaf, so a new value never
+recompiles and ``jax.vmap`` over a batch of configs runs a sweep. Every early
+exit of the original is a masked ``jnp.where`` update, so the same code runs
+eagerly, under ``jax.jit`` and under ``jax.vmap``.
+
+Bad settings (reversed bounds, negative or NaN learning rates, NaN or
+negative tau / beta, a KL horizon < 1 on an active KL controller) raise
+``ValueError`` at :func:`config` / :func:`init_controller` time, and with the
+same message under ``jaxweight.checked(jax.jit(...))`` when they are traced.
+Updates given a :class:`ControllerConfig` do not check it again (it was
+checked when built), so a jitted update keeps JAX's fast dispatch path; a
+bare :class:`TauSchedule` / :class:`KLController` / :class:`MetaController`
+is checked on every call (a traced check costs ~0.2 ms of dispatch under a
+plain ``jax.jit``).
+Bad data (a NaN / inf measured entropy, KL or gradient) leaves the state
+exactly as it was.
+
+The maxent_grpo ``controller_state.json`` format lives in
+:mod:`jaxweight.interop.maxent_grpo`.
+
+Differences from the original: the learning rate is read on every call (the
+original cached ``tau_lr`` on first use); a non-finite measured entropy leaves
+the state unchanged (the original initialised an unset EMA with tau); there
+is no cross-rank broadcast -- in a multi-device loop average the measurement
+first (``jax.lax.pmean(entropy, axis_name)``) so every device applies the
+same update.
 
 References:
   maxent-grpo, ``maxent_grpo.training.weighting`` (controllers and the
@@ -44,8 +58,6 @@ References:
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -54,33 +66,32 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from ._util import atomic_write_json
+from ._util import check_order, check_static_int, check_value, warn_deprecated
 
 Array = jax.Array
 
 __all__ = [
     "ControllerState",
-    "init_controller",
+    "ControllerConfig",
     "TauSchedule",
-    "update_tau",
-    "target_entropy_at",
     "KLController",
-    "update_beta",
     "MetaController",
     "META_METHODS",
+    "ENTROPY_EMA_DECAY",
+    "config",
+    "init",
+    "init_controller",
+    "update",
+    "update_tau",
+    "update_beta",
     "meta_update",
+    "target_entropy_at",
     "analytic_meta_grads",
     "meta_should_update",
-    "controller_state_dict",
-    "save_controller_state",
-    "load_controller_state",
-    "CONTROLLER_STATE_FILENAME",
-    "STATE_VERSION",
-    "ENTROPY_EMA_DECAY",
+    "metrics_dict",
 ]
 
-CONTROLLER_STATE_FILENAME = "controller_state.json"
-STATE_VERSION = 1
+CONTROLLER_STATE_FILENAME = "controller_state.json"  # kept for old imports; see interop.maxent_grpo
 ENTROPY_EMA_DECAY = 0.9
 _TAU_FLOOR = 1e-8
 
@@ -114,8 +125,8 @@ class ControllerState:
       tau: f32[] temperature of the weights.
       beta: f32[] reference (KL) coefficient.
       denom: f32[] denominator of the weight scores; the controllers keep it
-        equal to ``tau`` (1 if ``tau <= 0``); right after
-        :func:`load_controller_state` it is ``tau + beta`` (maxent_grpo's rule).
+        equal to ``tau`` (1 if ``tau <= 0``); right after loading a
+        maxent_grpo file it is ``tau + beta`` (maxent_grpo's rule).
       log_tau: f32[] ``ln tau`` as tracked by the tau controller.
       entropy_ema: f32[] EMA of the measured weight entropy; NaN = unset.
       current_target: f32[] entropy target of the last :func:`update_tau`
@@ -147,16 +158,21 @@ def _denom_for(tau: Array) -> Array:
 
 
 def init_controller(tau: Any, beta: Any, denom: Any = None) -> ControllerState:
-    """Fresh controller state.
+    """Fresh controller state from initial values (see also :func:`init`).
 
     Args:
-      tau: initial temperature (Python float or f32[] array, may be traced).
-      beta: initial reference coefficient.
-      denom: weight-score denominator; default ``tau`` (1 if ``tau <= 0``).
+      tau: initial temperature, finite and >= 0 (Python float or f32[] array,
+        may be traced).
+      beta: initial reference coefficient, finite and >= 0.
+      denom: weight-score denominator, finite and >= 0; default (None or NaN)
+        ``tau`` (1 if ``tau <= 0``).
 
     Returns:
       ``ControllerState`` with f32 / bool 0-d leaves; ``entropy_ema`` and
       ``current_target`` unset (NaN).
+
+    Raises:
+      ValueError: tau / beta / denom NaN, infinite or negative, or not scalars.
 
     Example::
 
@@ -169,21 +185,39 @@ def init_controller(tau: Any, beta: Any, denom: Any = None) -> ControllerState:
             f"tau and beta must be scalars (vmap init_controller for a batch), got shapes "
             f"{jnp.shape(tau)} and {jnp.shape(beta)}"
         )
-    d = _denom_for(tau) if denom is None else _f32(denom)
-    nan = jnp.asarray(jnp.nan, jnp.float32)
-    zero = jnp.asarray(0.0, jnp.float32)
+    check_value(tau, "tau", ge=0.0)
+    check_value(beta, "beta", ge=0.0)
+    if denom is None:
+        d = _denom_for(tau)
+    else:
+        d = _f32(denom)
+        # NaN is the "unset" spelling a config uses; anything else must be a number >= 0
+        check_value(jnp.where(jnp.isnan(d), 0.0, d), "denom", ge=0.0)
+        d = jnp.where(jnp.isnan(d), _denom_for(tau), d)
+    # every leaf its own buffer, none shared with the caller's (a config's) arrays: a state
+    # passed to jax.jit(..., donate_argnums=...) must not donate one buffer twice or a config's tau
+    def nan():
+        return jnp.full((), jnp.nan, jnp.float32)
+
+    def zero():
+        return jnp.zeros((), jnp.float32)
+
     return ControllerState(
-        tau=tau,
-        beta=beta,
-        denom=d,
+        tau=jnp.array(tau, jnp.float32, copy=True),
+        beta=jnp.array(beta, jnp.float32, copy=True),
+        denom=jnp.array(d, jnp.float32, copy=True),
         log_tau=_tau_log(tau),
-        entropy_ema=nan,
-        current_target=nan,
-        tau_projected=jnp.asarray(False),
-        beta_projected=jnp.asarray(False),
-        last_tau_grad=zero,
-        last_beta_grad=zero,
+        entropy_ema=nan(),
+        current_target=nan(),
+        tau_projected=jnp.zeros((), bool),
+        beta_projected=jnp.zeros((), bool),
+        last_tau_grad=zero(),
+        last_beta_grad=zero(),
     )
+
+
+def _is_py_nan(x: Any) -> bool:
+    return isinstance(x, float) and x != x
 
 
 def _write_back(state: ControllerState, tau: Array, beta: Array, changed: Array) -> ControllerState:
@@ -198,25 +232,27 @@ def _write_back(state: ControllerState, tau: Array, beta: Array, changed: Array)
     )
 
 
-# ----------------------------------------------------------------- tau rule
+# ------------------------------------------------------------------ settings
 @flax.struct.dataclass
 class TauSchedule:
     """Settings of the tau controller (maxent_grpo's ``TauSchedule`` + annealing).
 
     Every numeric field may be a Python number or an array (vmap a schedule to
-    sweep it). ``None`` for a target means "unset"; an unset target can also be
-    given as NaN, which is what a batched sweep uses.
+    sweep it); :func:`config` turns them into f32 / i32 leaves and checks them.
+    ``None`` for a target means "unset"; NaN means the same (what a batched
+    sweep uses).
 
     Attributes:
       target_entropy: weight entropy to reach; ``None`` disables the controller.
-      learning_rate: step size in log-tau space per unit of entropy error.
-      minimum_value: lower clamp of tau.
-      maximum_value: upper clamp of tau; ``<= 0`` means no cap.
+      learning_rate: step size in log-tau space per unit of entropy error (>= 0).
+      minimum_value: lower clamp of tau (>= 0).
+      maximum_value: upper clamp of tau; ``<= 0`` means no cap, else
+        ``>= minimum_value``.
       warmup_steps: no update while ``global_step <= max(0, warmup_steps)``.
       target_entropy_start, target_entropy_final: annealed target (each
         defaults to ``target_entropy``).
-      target_entropy_horizon: steps over which the target moves linearly from
-        start to final; ``<= 0`` uses final at once.
+      target_entropy_horizon: steps (>= 0) over which the target moves
+        linearly from start to final; ``0`` uses final at once.
     """
 
     target_entropy: Any = None
@@ -229,107 +265,6 @@ class TauSchedule:
     target_entropy_horizon: Any = 0
 
 
-def target_entropy_at(schedule: TauSchedule, global_step: Any) -> Array:
-    """The entropy target of ``schedule`` at ``global_step`` (NaN if none).
-
-    ``target_entropy`` if neither start nor final is set; else (each defaulting
-    to ``target_entropy``) ``final`` if ``horizon <= 0``, else
-    ``start + (final - start) * min(max(step, 0), H) / H``.
-    """
-    base = _finite_or_nan(schedule.target_entropy)
-    if schedule.target_entropy_start is None and schedule.target_entropy_final is None:
-        return base
-    start = base if schedule.target_entropy_start is None else _f32(schedule.target_entropy_start)
-    final = base if schedule.target_entropy_final is None else _f32(schedule.target_entropy_final)
-    # NaN entries of a traced start/final fall back to target_entropy too
-    start = jnp.where(jnp.isnan(start), base, start)
-    final = jnp.where(jnp.isnan(final), base, final)
-    horizon = _f32(schedule.target_entropy_horizon)
-    step = jnp.asarray(global_step, jnp.float32)
-    frac = jnp.minimum(jnp.maximum(step, 0.0), horizon) / jnp.where(horizon > 0, horizon, 1.0)
-    annealed = start + (final - start) * frac
-    return jnp.where(horizon > 0, annealed, final)
-
-
-def update_tau(
-    state: ControllerState,
-    measured_entropy: Any,
-    global_step: Any,
-    schedule: TauSchedule,
-    lr_scale: Any = 1.0,
-) -> ControllerState:
-    """One step of the entropy-targeting tau controller.
-
-    The rule (maxent_grpo ``maybe_update_tau``), with every early exit a masked
-    update:
-
-    1. ``lr = learning_rate * (max(lr_scale, 0) if lr_scale is finite else 1)``.
-    2. An unset (non-finite) ``entropy_ema`` becomes ``m`` (``tau`` if ``m`` is
-       not finite).
-    3. The target (:func:`target_entropy_at`) is stored in ``current_target``;
-       no target -> stop.
-    4. Skip while ``global_step <= max(0, warmup_steps)`` (step 0 always skips)
-       or if ``m`` is not finite.
-    5. ``entropy_ema = 0.9 * entropy_ema + 0.1 * m``; ``err = target - ema``;
-       stop if ``|err| < 1e-12``.
-    6. ``log_tau += lr * err``; ``tau = max(exp(log_tau), minimum_value)``,
-       capped at ``maximum_value`` if that is > 0; then ``denom = tau``
-       (1 if ``tau <= 0``) and ``log_tau = ln(max(tau, 1e-8))``.
-
-    Args:
-      state: the controller state.
-      measured_entropy: f32[] the measured weight entropy (e.g.
-        ``WeightEntropy.mean``).
-      global_step: i32[] / int training step.
-      schedule: the :class:`TauSchedule`.
-      lr_scale: multiplier of the learning rate (e.g. the main LR schedule).
-
-    Returns:
-      The updated state (same structure, dtypes and shapes).
-
-    Example::
-
-        s = init_controller(0.5, 0.0)
-        sched = TauSchedule(target_entropy=0.8, learning_rate=0.1,
-                            minimum_value=0.05, maximum_value=2.0, warmup_steps=0)
-        s = update_tau(s, 1.0, 0, sched)   # step 0: EMA set, tau unchanged
-        s = update_tau(s, 1.0, 1, sched)   # tau = 0.5 * exp(-0.02)
-    """
-    m = _f32(measured_entropy)
-    step = jnp.asarray(global_step, jnp.int32)
-    lr_scale = _f32(lr_scale)
-    scale = jnp.where(jnp.isfinite(lr_scale), jnp.maximum(lr_scale, 0.0), 1.0)
-    lr = _f32(schedule.learning_rate) * scale
-
-    m_ok = jnp.isfinite(m)
-    m_safe = jnp.where(m_ok, m, 0.0)
-    ema0 = jnp.where(
-        jnp.isfinite(state.entropy_ema), state.entropy_ema, jnp.where(m_ok, m_safe, state.tau)
-    )
-
-    target = target_entropy_at(schedule, step)
-    has_target = jnp.isfinite(target)
-    target_safe = jnp.where(has_target, target, 0.0)
-
-    warm = step <= jnp.maximum(0, jnp.asarray(schedule.warmup_steps, jnp.int32))
-    active = has_target & ~warm & m_ok
-    ema1 = ENTROPY_EMA_DECAY * ema0 + (1.0 - ENTROPY_EMA_DECAY) * m_safe
-    err = target_safe - ema1
-    move = active & (jnp.abs(err) >= 1e-12)
-
-    log_tau = state.log_tau + lr * err
-    tau = jnp.maximum(jnp.exp(log_tau), _f32(schedule.minimum_value))
-    cap = _f32(schedule.maximum_value)
-    tau = jnp.where(cap > 0, jnp.minimum(tau, cap), tau)
-
-    state = state.replace(
-        entropy_ema=jnp.where(active, ema1, ema0),
-        current_target=target,
-    )
-    return _write_back(state, tau, state.beta, move)
-
-
-# ------------------------------------------------------------------ KL rule
 @flax.struct.dataclass
 class KLController:
     """Adaptive-KL settings for beta (maxent_grpo ``KlControllerSettings``).
@@ -337,9 +272,10 @@ class KLController:
     The controller is active only when all three are > 0.
 
     Attributes:
-      target: KL to reach.
-      horizon: steps over which a full error changes beta by ``step_size``.
-      step_size: clip of the relative KL error per step.
+      target: KL to reach (>= 0; 0 = off).
+      horizon: steps over which a full error changes beta by ``step_size``
+        (>= 1 when the controller is active).
+      step_size: clip of the relative KL error per step (>= 0).
     """
 
     target: Any = 0.0
@@ -347,42 +283,6 @@ class KLController:
     step_size: Any = 0.0
 
 
-def update_beta(state: ControllerState, measured_kl: Any, kl: KLController) -> ControllerState:
-    """One step of the adaptive-KL beta controller.
-
-    Active only if ``target``, ``horizon`` and ``step_size`` are all > 0 and the
-    measured KL is finite: ``err = kl / max(target, 1e-8) - 1`` (stop if
-    ``|err| < 1e-8``); ``f = 1 + clip(err, -step_size, step_size) / max(1, horizon)``
-    (``f <= 0`` -> ``1e-6``); ``beta = max(0, beta * f)``; then ``denom = tau``
-    and ``log_tau = ln tau`` are written back.
-
-    Args:
-      state: the controller state.
-      measured_kl: f32[] the measured KL(policy || reference).
-      kl: the :class:`KLController` settings.
-
-    Returns:
-      The updated state.
-
-    Example::
-
-        s = update_beta(init_controller(0.5, 0.1), 0.2, KLController(0.1, 10, 0.2))
-        # beta = 0.1 * (1 + 0.2 / 10)
-    """
-    x = _f32(measured_kl)
-    target = _f32(kl.target)
-    horizon = _f32(kl.horizon)
-    step_size = _f32(kl.step_size)
-    on = (target > 0) & (horizon > 0) & (step_size > 0) & jnp.isfinite(x)
-    err = jnp.where(on, x, 0.0) / jnp.maximum(target, 1e-8) - 1.0
-    move = on & (jnp.abs(err) >= 1e-8)
-    f = 1.0 + jnp.clip(err, -step_size, step_size) / jnp.maximum(1.0, horizon)
-    f = jnp.where(f <= 0, 1e-6, f)
-    beta = jnp.maximum(0.0, state.beta * f)
-    return _write_back(state, state.tau, beta, move)
-
-
-# ---------------------------------------------------------------- meta rule
 @flax.struct.dataclass
 class MetaController:
     """maxent_grpo's ``ControllerMetaSettings`` plus tau bounds.
@@ -396,18 +296,18 @@ class MetaController:
     Attributes:
       enabled: bool, the controller acts only when set.
       method: one of :data:`META_METHODS` to act.
-      learning_rate: default step size for both tau and beta.
+      learning_rate: default step size for both tau and beta (>= 0).
       tau_learning_rate, beta_learning_rate: per-parameter step sizes
-        (used when > 0).
-      beta_grad_clip: clip of the beta gradient (when > 0).
+        (used when > 0; >= 0).
+      beta_grad_clip: clip of the beta gradient (when > 0; >= 0).
       update_interval: the caller applies an update when
-        ``step % update_interval == 0`` (:func:`meta_should_update`).
+        ``step % update_interval == 0`` (:func:`meta_should_update`; >= 1).
       objective, analytic_steps, optimizer, truncation_steps, use_hessian:
         stored and persisted for compatibility with maxent_grpo files.
       last_tau_grad, last_beta_grad: persisted last gradients (the live ones
         are in :class:`ControllerState`).
-      tau_min: lower bound of tau (0 = none beyond 0).
-      tau_max: upper bound of tau (``<= 0`` = none).
+      tau_min: lower bound of tau (>= 0).
+      tau_max: upper bound of tau (``<= 0`` = none, else ``>= tau_min``).
     """
 
     enabled: Any = False
@@ -428,68 +328,392 @@ class MetaController:
     tau_max: Any = 0.0
 
     def to_state(self, state: ControllerState | None = None) -> dict[str, Any]:
-        """maxent_grpo's JSON ``meta.controller`` payload (host only).
+        """Deprecated: use :func:`jaxweight.interop.maxent_grpo.meta_to_payload`."""
+        warn_deprecated("MetaController.to_state", "jaxweight.interop.maxent_grpo.meta_to_payload")
+        from .interop import maxent_grpo
 
-        ``last_*_grad`` come from ``state`` when given. ``tau_min`` /
-        ``tau_max`` are jaxweight extras (maxent_grpo ignores unknown keys).
-        """
-        tg = state.last_tau_grad if state is not None else self.last_tau_grad
-        bg = state.last_beta_grad if state is not None else self.last_beta_grad
-        return {
-            "enabled": bool(self.enabled),
-            "method": str(self.method),
-            "learning_rate": float(self.learning_rate),
-            "tau_learning_rate": float(self.tau_learning_rate),
-            "beta_learning_rate": float(self.beta_learning_rate),
-            "beta_grad_clip": float(self.beta_grad_clip),
-            "update_interval": int(self.update_interval),
-            "objective": str(self.objective),
-            "analytic_steps": int(self.analytic_steps),
-            "optimizer": str(self.optimizer),
-            "truncation_steps": int(self.truncation_steps),
-            "use_hessian": bool(self.use_hessian),
-            "last_tau_grad": float(tg),
-            "last_beta_grad": float(bg),
-            "tau_min": float(self.tau_min),
-            "tau_max": float(self.tau_max),
-        }
+        return maxent_grpo.meta_to_payload(self, state)
 
     @classmethod
     def from_state(cls, payload: Any, base: MetaController | None = None) -> MetaController:
-        """Settings from a ``meta.controller`` payload; unreadable fields keep ``base``'s values.
+        """Deprecated: use :func:`jaxweight.interop.maxent_grpo.meta_from_payload`."""
+        warn_deprecated("MetaController.from_state", "jaxweight.interop.maxent_grpo.meta_from_payload")
+        from .interop import maxent_grpo
 
-        Mirrors maxent_grpo's lenient ``apply_state``: fields that are missing or
-        do not parse are left as they are.
-        """
-        out = base if base is not None else cls()
-        if not isinstance(payload, dict):
-            return out
-        kw: dict[str, Any] = {}
-        if "enabled" in payload:
-            kw["enabled"] = bool(payload["enabled"])
-        for k in ("method", "objective", "optimizer"):
-            if payload.get(k):
-                kw[k] = str(payload[k])
-        for k in ("learning_rate", "tau_learning_rate", "beta_learning_rate", "beta_grad_clip",
-                  "last_tau_grad", "last_beta_grad", "tau_min", "tau_max"):
-            if k in payload:
-                try:
-                    kw[k] = float(payload[k])
-                except (TypeError, ValueError):
-                    pass
-        for k in ("update_interval", "analytic_steps", "truncation_steps"):
-            if k in payload:
-                try:
-                    kw[k] = max(1, int(payload[k]))
-                except (TypeError, ValueError):
-                    pass
-        if "use_hessian" in payload:
-            kw["use_hessian"] = bool(payload["use_hessian"])
-        return out.replace(**kw)
+        return maxent_grpo.meta_from_payload(payload, base)
 
 
-def meta_should_update(meta: MetaController, global_step: Any) -> Array:
+def _check_schedule(s: TauSchedule) -> None:
+    check_value(s.learning_rate, "learning_rate", ge=0.0)
+    check_value(s.minimum_value, "minimum_value", ge=0.0)
+    check_value(s.maximum_value, "maximum_value")
+    check_value(s.warmup_steps, "warmup_steps", integer=True)
+    check_value(s.target_entropy_horizon, "target_entropy_horizon", ge=0.0)
+    for name in ("target_entropy", "target_entropy_start", "target_entropy_final"):
+        v = getattr(s, name)
+        if v is not None and not _is_py_nan(v):
+            # NaN = unset; +-inf is refused
+            check_value(jnp.where(jnp.isnan(_f32(v)), 0.0, _f32(v)), name)
+    # maximum_value <= 0 means "no cap": only a positive cap is ordered against the floor
+    mx = _f32(s.maximum_value)
+    check_order(s.minimum_value, jnp.where(mx > 0, mx, jnp.inf), "minimum_value", "maximum_value")
+
+
+def _check_kl(k: KLController) -> None:
+    check_value(k.target, "kl target", ge=0.0)
+    check_value(k.step_size, "kl step_size", ge=0.0)
+    check_value(k.horizon, "kl horizon", ge=0.0)
+    active = (_f32(k.target) > 0) & (_f32(k.step_size) > 0)
+    # an active KL controller needs a horizon of at least one step
+    check_value(jnp.where(active, _f32(k.horizon), 1.0), "kl horizon (with target and step_size > 0)", ge=1.0)
+
+
+def _check_meta(m: MetaController) -> None:
+    for name in ("learning_rate", "tau_learning_rate", "beta_learning_rate"):
+        check_value(getattr(m, name), f"meta {name}", ge=0.0)
+    check_value(m.beta_grad_clip, "meta beta_grad_clip", ge=0.0)
+    check_value(m.tau_min, "meta tau_min", ge=0.0)
+    check_value(m.tau_max, "meta tau_max")
+    check_static_int(m.update_interval, "meta update_interval", 1)
+    tmax = _f32(m.tau_max)
+    check_order(m.tau_min, jnp.where(tmax > 0, tmax, jnp.inf), "meta tau_min", "meta tau_max")
+
+
+def _norm_schedule(s: TauSchedule) -> TauSchedule:
+    return TauSchedule(
+        target_entropy=_finite_or_nan(s.target_entropy),
+        learning_rate=_f32(s.learning_rate),
+        minimum_value=_f32(s.minimum_value),
+        maximum_value=_f32(s.maximum_value),
+        warmup_steps=jnp.asarray(s.warmup_steps, jnp.int32),
+        target_entropy_start=_finite_or_nan(s.target_entropy_start),
+        target_entropy_final=_finite_or_nan(s.target_entropy_final),
+        target_entropy_horizon=_f32(s.target_entropy_horizon),
+    )
+
+
+def _norm_kl(k: KLController) -> KLController:
+    return KLController(target=_f32(k.target), horizon=_f32(k.horizon), step_size=_f32(k.step_size))
+
+
+def _norm_meta(m: MetaController) -> MetaController:
+    return m.replace(
+        enabled=jnp.asarray(m.enabled, bool),
+        learning_rate=_f32(m.learning_rate),
+        tau_learning_rate=_f32(m.tau_learning_rate),
+        beta_learning_rate=_f32(m.beta_learning_rate),
+        beta_grad_clip=_f32(m.beta_grad_clip),
+        last_tau_grad=_f32(m.last_tau_grad),
+        last_beta_grad=_f32(m.last_beta_grad),
+        tau_min=_f32(m.tau_min),
+        tau_max=_f32(m.tau_max),
+    )
+
+
+@flax.struct.dataclass
+class ControllerConfig:
+    """Every setting of the controllers in one frozen pytree (built by :func:`config`).
+
+    Attributes:
+      tau, beta: f32[] initial values (:func:`init`).
+      denom: f32[] initial weight-score denominator (NaN = ``tau``).
+      schedule: :class:`TauSchedule` with f32 / i32 leaves (target NaN = off).
+      kl: :class:`KLController` with f32 leaves.
+      meta: :class:`MetaController` with f32 / bool leaves.
+    """
+
+    tau: Array
+    beta: Array
+    denom: Array
+    schedule: TauSchedule
+    kl: KLController
+    meta: MetaController
+
+
+def config(
+    tau: Any = 1.0,
+    beta: Any = 0.0,
+    *,
+    denom: Any = None,
+    schedule: TauSchedule | None = None,
+    kl: KLController | None = None,
+    meta: MetaController | None = None,
+) -> ControllerConfig:
+    """All controller settings, checked, as array leaves.
+
+    Args:
+      tau: initial temperature (finite, >= 0).
+      beta: initial reference coefficient (finite, >= 0).
+      denom: initial denominator (None = tau), finite and >= 0.
+      schedule: tau controller settings (default: no target, tau fixed).
+      kl: adaptive-KL settings for beta (default: off).
+      meta: meta-controller settings (default: disabled).
+
+    Returns:
+      :class:`ControllerConfig`; numeric settings are f32 / i32 arrays, so a
+      new value never recompiles and ``jax.vmap`` over configs sweeps them.
+
+    Raises:
+      ValueError: naming the setting, its value and the accepted range, e.g.
+        reversed bounds (``minimum_value > maximum_value``), a negative or NaN
+        learning rate, a NaN or negative tau / beta, a KL horizon < 1 on an
+        active KL controller. The same checks run under
+        ``jaxweight.checked(jax.jit(...))`` when the settings are traced.
+
+    Example::
+
+        cfg = config(0.5, 0.04, schedule=TauSchedule(target_entropy=0.8, learning_rate=0.1))
+        state = init(cfg)
+    """
+    schedule = TauSchedule() if schedule is None else schedule
+    kl = KLController() if kl is None else kl
+    meta = MetaController() if meta is None else meta
+    for obj, cls, name in ((schedule, TauSchedule, "schedule"), (kl, KLController, "kl"),
+                           (meta, MetaController, "meta")):
+        if not isinstance(obj, cls):
+            raise ValueError(f"{name} must be a controllers.{cls.__name__}, got {type(obj).__name__}")
+    check_value(tau, "tau", ge=0.0)
+    check_value(beta, "beta", ge=0.0)
+    if denom is not None:
+        check_value(denom, "denom", ge=0.0)
+    _check_schedule(schedule)
+    _check_kl(kl)
+    _check_meta(meta)
+    return ControllerConfig(
+        tau=_f32(tau),
+        beta=_f32(beta),
+        denom=_finite_or_nan(denom),
+        schedule=_norm_schedule(schedule),
+        kl=_norm_kl(kl),
+        meta=_norm_meta(meta),
+    )
+
+
+def init(cfg: ControllerConfig) -> ControllerState:
+    """Fresh controller state from a :class:`ControllerConfig` (no randomness).
+
+    Example::
+
+        state = init(config(tau=0.5, beta=0.04))
+    """
+    if not isinstance(cfg, ControllerConfig):
+        raise ValueError(f"cfg must be a controllers.ControllerConfig (controllers.config(...)), "
+                         f"got {type(cfg).__name__}")
+    return init_controller(cfg.tau, cfg.beta, cfg.denom)
+
+
+def _schedule_of(cfg: Any) -> TauSchedule:
+    if isinstance(cfg, ControllerConfig):
+        return cfg.schedule  # checked by config()
+    if isinstance(cfg, TauSchedule):
+        _check_schedule(cfg)  # concrete values raise now; traced ones through jaxweight.checked
+        return cfg
+    raise ValueError(f"cfg must be a controllers.ControllerConfig or TauSchedule, got {type(cfg).__name__}")
+
+
+def _kl_of(cfg: Any) -> KLController:
+    if isinstance(cfg, ControllerConfig):
+        return cfg.kl  # checked by config()
+    if isinstance(cfg, KLController):
+        _check_kl(cfg)  # concrete values raise now; traced ones through jaxweight.checked
+        return cfg
+    raise ValueError(f"cfg must be a controllers.ControllerConfig or KLController, got {type(cfg).__name__}")
+
+
+def _meta_of(cfg: Any) -> MetaController:
+    if isinstance(cfg, ControllerConfig):
+        return cfg.meta  # checked by config()
+    if isinstance(cfg, MetaController):
+        _check_meta(cfg)  # concrete values raise now; traced ones through jaxweight.checked
+        return cfg
+    raise ValueError(f"cfg must be a controllers.ControllerConfig or MetaController, got {type(cfg).__name__}")
+
+
+# ----------------------------------------------------------------- tau rule
+def target_entropy_at(schedule: TauSchedule | ControllerConfig, global_step: Any) -> Array:
+    """The entropy target of ``schedule`` at ``global_step`` (NaN if none).
+
+    ``target_entropy`` if neither start nor final is set; else (each defaulting
+    to ``target_entropy``) ``final`` if ``horizon <= 0``, else
+    ``start + (final - start) * min(max(step, 0), H) / H``.
+    """
+    if isinstance(schedule, ControllerConfig):
+        schedule = schedule.schedule
+    base = _finite_or_nan(schedule.target_entropy)
+    if schedule.target_entropy_start is None and schedule.target_entropy_final is None:
+        return base
+    start = _finite_or_nan(schedule.target_entropy_start)
+    final = _finite_or_nan(schedule.target_entropy_final)
+    # NaN (unset) start/final fall back to target_entropy
+    start = jnp.where(jnp.isnan(start), base, start)
+    final = jnp.where(jnp.isnan(final), base, final)
+    horizon = _f32(schedule.target_entropy_horizon)
+    step = jnp.asarray(global_step, jnp.float32)
+    frac = jnp.minimum(jnp.maximum(step, 0.0), horizon) / jnp.where(horizon > 0, horizon, 1.0)
+    annealed = start + (final - start) * frac
+    return jnp.where(horizon > 0, annealed, final)
+
+
+def update_tau(
+    state: ControllerState,
+    measured_entropy: Any,
+    global_step: Any,
+    cfg: ControllerConfig | TauSchedule,
+    lr_scale: Any = 1.0,
+) -> ControllerState:
+    """One step of the entropy-targeting tau controller.
+
+    The rule (maxent_grpo ``maybe_update_tau``), with every early exit a masked
+    update:
+
+    0. A non-finite ``m`` (no valid data) leaves the state exactly unchanged.
+    1. ``lr = learning_rate * (max(lr_scale, 0) if lr_scale is finite else 1)``.
+    2. An unset (non-finite) ``entropy_ema`` becomes ``m``.
+    3. The target (:func:`target_entropy_at`) is stored in ``current_target``;
+       no target -> stop.
+    4. Skip while ``global_step <= max(0, warmup_steps)`` (step 0 always skips).
+    5. ``entropy_ema = 0.9 * entropy_ema + 0.1 * m``; ``err = target - ema``;
+       stop if ``|err| < 1e-12``.
+    6. ``log_tau += lr * err``; ``tau = max(exp(log_tau), minimum_value)``,
+       capped at ``maximum_value`` if that is > 0; then ``denom = tau``
+       (1 if ``tau <= 0``) and ``log_tau = ln(max(tau, 1e-8))``.
+
+    Args:
+      state: the controller state.
+      measured_entropy: f32[] the measured weight entropy (e.g.
+        ``WeightEntropy.mean``).
+      global_step: i32[] / int training step.
+      cfg: :class:`ControllerConfig` (its ``schedule``) or a :class:`TauSchedule`.
+      lr_scale: multiplier of the learning rate (e.g. the main LR schedule).
+
+    Returns:
+      The updated state (same structure, dtypes and shapes).
+
+    Example::
+
+        cfg = config(0.5, 0.0, schedule=TauSchedule(target_entropy=0.8, learning_rate=0.1,
+                                                    minimum_value=0.05, maximum_value=2.0,
+                                                    warmup_steps=0))
+        s = init(cfg)
+        s = update_tau(s, 1.0, 0, cfg)   # step 0: EMA set, tau unchanged
+        s = update_tau(s, 1.0, 1, cfg)   # tau = 0.5 * exp(-0.02)
+    """
+    schedule = _schedule_of(cfg)
+    m = _f32(measured_entropy)
+    step = jnp.asarray(global_step, jnp.int32)
+    lr_scale = _f32(lr_scale)
+    scale = jnp.where(jnp.isfinite(lr_scale), jnp.maximum(lr_scale, 0.0), 1.0)
+    lr = _f32(schedule.learning_rate) * scale
+
+    m_ok = jnp.isfinite(m)
+    m_safe = jnp.where(m_ok, m, 0.0)
+    ema0 = jnp.where(jnp.isfinite(state.entropy_ema), state.entropy_ema, m_safe)
+
+    target = target_entropy_at(schedule, step)
+    has_target = jnp.isfinite(target)
+    target_safe = jnp.where(has_target, target, 0.0)
+
+    warm = step <= jnp.maximum(0, jnp.asarray(schedule.warmup_steps, jnp.int32))
+    active = has_target & ~warm & m_ok
+    ema1 = ENTROPY_EMA_DECAY * ema0 + (1.0 - ENTROPY_EMA_DECAY) * m_safe
+    err = target_safe - ema1
+    move = active & (jnp.abs(err) >= 1e-12)
+
+    log_tau = state.log_tau + lr * err
+    tau = jnp.maximum(jnp.exp(log_tau), _f32(schedule.minimum_value))
+    cap = _f32(schedule.maximum_value)
+    tau = jnp.where(cap > 0, jnp.minimum(tau, cap), tau)
+
+    new = state.replace(
+        entropy_ema=jnp.where(active, ema1, ema0),
+        current_target=target,
+    )
+    new = _write_back(new, tau, new.beta, move)
+    return _keep_where(m_ok, new, state)
+
+
+def _keep_where(ok: Array, new: ControllerState, old: ControllerState) -> ControllerState:
+    """``new`` where ``ok`` else ``old``, leaf by leaf (bit-exact when not ok)."""
+    return jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+
+
+# ------------------------------------------------------------------ KL rule
+def update_beta(state: ControllerState, measured_kl: Any, cfg: ControllerConfig | KLController) -> ControllerState:
+    """One step of the adaptive-KL beta controller.
+
+    Active only if ``target``, ``horizon`` and ``step_size`` are all > 0 and the
+    measured KL is finite: ``err = kl / max(target, 1e-8) - 1`` (stop if
+    ``|err| < 1e-8``); ``f = 1 + clip(err, -step_size, step_size) / max(1, horizon)``
+    (``f <= 0`` -> ``1e-6``); ``beta = max(0, beta * f)``; then ``denom = tau``
+    and ``log_tau = ln tau`` are written back.
+
+    Args:
+      state: the controller state.
+      measured_kl: f32[] the measured KL(policy || reference).
+      cfg: :class:`ControllerConfig` (its ``kl``) or a :class:`KLController`.
+
+    Returns:
+      The updated state.
+
+    Example::
+
+        s = update_beta(init_controller(0.5, 0.1), 0.2, KLController(0.1, 10, 0.2))
+        # beta = 0.1 * (1 + 0.2 / 10)
+    """
+    kl = _kl_of(cfg)
+    x = _f32(measured_kl)
+    target = _f32(kl.target)
+    horizon = _f32(kl.horizon)
+    step_size = _f32(kl.step_size)
+    on = (target > 0) & (horizon > 0) & (step_size > 0) & jnp.isfinite(x)
+    err = jnp.where(on, x, 0.0) / jnp.maximum(target, 1e-8) - 1.0
+    move = on & (jnp.abs(err) >= 1e-8)
+    f = 1.0 + jnp.clip(err, -step_size, step_size) / jnp.maximum(1.0, horizon)
+    f = jnp.where(f <= 0, 1e-6, f)
+    beta = jnp.maximum(0.0, state.beta * f)
+    return _write_back(state, state.tau, beta, move)
+
+
+def update(
+    state: ControllerState,
+    measured_entropy: Any,
+    global_step: Any,
+    cfg: ControllerConfig,
+    *,
+    measured_kl: Any = None,
+    lr_scale: Any = 1.0,
+) -> ControllerState:
+    """The per-step controller update of maxent_grpo's loop: tau, then beta.
+
+    :func:`update_tau` from ``measured_entropy`` and, when ``measured_kl`` is
+    given, :func:`update_beta`. Non-finite measurements leave their part of
+    the state unchanged.
+
+    Args:
+      state: the controller state.
+      measured_entropy: f32[] mean weight entropy of the step.
+      global_step: i32[] training step.
+      cfg: :class:`ControllerConfig`.
+      measured_kl: f32[] or None (no beta update).
+      lr_scale: multiplier of the tau learning rate.
+
+    Returns:
+      The updated state.
+    """
+    if not isinstance(cfg, ControllerConfig):
+        raise ValueError(f"cfg must be a controllers.ControllerConfig (controllers.config(...)), "
+                         f"got {type(cfg).__name__}")
+    state = update_tau(state, measured_entropy, global_step, cfg, lr_scale)
+    if measured_kl is not None:
+        state = update_beta(state, measured_kl, cfg)
+    return state
+
+
+# ---------------------------------------------------------------- meta rule
+def meta_should_update(meta: MetaController | ControllerConfig, global_step: Any) -> Array:
     """bool[]: whether ``global_step`` is an update step (``step % update_interval == 0``)."""
+    if isinstance(meta, ControllerConfig):
+        meta = meta.meta
     interval = max(1, int(meta.update_interval))
     return jnp.asarray(global_step, jnp.int32) % interval == 0
 
@@ -511,11 +735,16 @@ def analytic_meta_grads(
       measured_entropy: f32[] weight entropy.
       target_entropy: f32[] its target (NaN / None: no tau gradient).
       measured_kl: f32[] or None.
-      kl_target: f32[] (<= 0: no beta gradient).
+      kl_target: f32[] finite (<= 0: no beta gradient).
 
     Returns:
       ``(tau_grad f32[], beta_grad f32[])``.
+
+    Raises:
+      ValueError: ``kl_target`` NaN or infinite (eagerly, or through
+        ``jaxweight.checked`` when traced).
     """
+    check_value(kl_target, "kl_target")
     tau_grad = _f32(measured_entropy) - _finite_or_nan(target_entropy)
     if measured_kl is None:
         return tau_grad, jnp.asarray(jnp.nan, jnp.float32)
@@ -524,45 +753,9 @@ def analytic_meta_grads(
     return tau_grad, beta_grad
 
 
-def meta_update(
-    state: ControllerState,
-    meta: MetaController,
-    tau_grad: Any = None,
-    beta_grad: Any = None,
-    lr_scale: Any = 1.0,
+def _meta_step(
+    state: ControllerState, tau_grad: Any, beta_grad: Any, meta: MetaController, lr_scale: Any
 ) -> tuple[ControllerState, Array]:
-    """One gradient step of the meta-controller on tau and beta.
-
-    Active only if ``meta.enabled`` and ``meta.method`` is in
-    :data:`META_METHODS`. With ``lr_x = (x_learning_rate if > 0 else
-    learning_rate) * lr_scale`` (no step for ``x`` if ``lr_x <= 0``):
-
-    - tau (finite ``g``): ``tau = max(tau - lr * g, tau_min)``, capped at
-      ``tau_max`` if > 0; ``tau_projected`` if the cap was hit or
-      (``tau_min > 0`` and ``tau <= tau_min``).
-    - beta (finite ``g``, clipped to ``+-beta_grad_clip`` if > 0):
-      ``beta = beta + lr * g`` (note the plus sign: the gradient is
-      ``kl - kl_target``); ``beta_projected`` if negative, then floored at 0.
-
-    ``last_tau_grad`` / ``last_beta_grad`` record the raw gradients that were
-    applied; ``denom``/``log_tau`` are written back if anything changed.
-
-    Args:
-      state: the controller state.
-      meta: :class:`MetaController` settings.
-      tau_grad, beta_grad: f32[] gradients or None (no step); non-finite
-        values are skipped.
-      lr_scale: multiplier of both learning rates.
-
-    Returns:
-      ``(state, changed bool[])``.
-
-    Example::
-
-        g_tau, g_beta = analytic_meta_grads(H, 0.8, kl, 0.05)
-        state, changed = meta_update(state, MetaController(enabled=True, learning_rate=0.1),
-                                     g_tau, g_beta)
-    """
     active = jnp.asarray(meta.enabled, bool) & (meta.method in META_METHODS)
     lr_scale = _f32(lr_scale)
     base_lr = _f32(meta.learning_rate)
@@ -612,106 +805,110 @@ def meta_update(
     return _write_back(state, tau, beta, changed), changed
 
 
-# -------------------------------------------------------------- persistence
-def controller_state_dict(state: ControllerState, meta: MetaController | None = None) -> dict:
-    """maxent_grpo's ``controller_state.json`` payload (host only).
+def meta_update(
+    state: ControllerState,
+    tau_grad: Any = None,
+    beta_grad: Any = None,
+    cfg: ControllerConfig | MetaController | None = None,
+    lr_scale: Any = 1.0,
+) -> tuple[ControllerState, Array]:
+    """One gradient step of the meta-controller on tau and beta.
+
+    Active only if ``meta.enabled`` and ``meta.method`` is in
+    :data:`META_METHODS`. With ``lr_x = (x_learning_rate if > 0 else
+    learning_rate) * lr_scale`` (no step for ``x`` if ``lr_x <= 0``):
+
+    - tau (finite ``g``): ``tau = max(tau - lr * g, tau_min)``, capped at
+      ``tau_max`` if > 0; ``tau_projected`` if the cap was hit or
+      (``tau_min > 0`` and ``tau <= tau_min``).
+    - beta (finite ``g``, clipped to ``+-beta_grad_clip`` if > 0):
+      ``beta = beta + lr * g`` (note the plus sign: the gradient is
+      ``kl - kl_target``); ``beta_projected`` if negative, then floored at 0.
+
+    ``last_tau_grad`` / ``last_beta_grad`` record the raw gradients that were
+    applied; ``denom``/``log_tau`` are written back if anything changed.
+
+    The old argument order ``meta_update(state, meta, tau_grad, beta_grad)``
+    still works and emits a ``DeprecationWarning``.
+
+    Args:
+      state: the controller state.
+      tau_grad, beta_grad: f32[] gradients or None (no step); non-finite
+        values are skipped (state unchanged).
+      cfg: :class:`ControllerConfig` (its ``meta``) or a :class:`MetaController`.
+      lr_scale: multiplier of both learning rates.
 
     Returns:
-      ``{"beta", "tau", "tau_log", "tau_entropy_ema"}`` (an unset EMA is written
-      as ``tau``, as the original does) plus ``"meta": {"version": 1,
-      "controller": {...}}`` when ``meta`` is given.
+      ``(state, changed bool[])``.
+
+    Example::
+
+        g_tau, g_beta = analytic_meta_grads(H, 0.8, kl, 0.05)
+        state, changed = meta_update(state, g_tau, g_beta, cfg)
     """
-    st = jax.device_get(state)
-    if any(jnp.ndim(x) for x in jax.tree.leaves(st)):
-        raise ValueError("controller_state_dict takes one controller (0-d leaves), not a batch")
-    tau = float(st.tau)
-    ema = float(st.entropy_ema)
-    out: dict[str, Any] = {
-        "beta": float(st.beta),
-        "tau": tau,
-        "tau_log": float(st.log_tau),
-        "tau_entropy_ema": ema if math.isfinite(ema) else tau,
-    }
-    if meta is not None:
-        out["meta"] = {"version": STATE_VERSION, "controller": meta.to_state(st)}
-    return out
+    if isinstance(tau_grad, MetaController | ControllerConfig):
+        # old order: meta_update(state, meta, tau_grad=None, beta_grad=None, lr_scale=1.0)
+        warn_deprecated("meta_update(state, meta, tau_grad, beta_grad)",
+                        "meta_update(state, tau_grad, beta_grad, cfg)")
+        old_meta, old_tg, old_bg = tau_grad, beta_grad, cfg
+        if isinstance(old_bg, MetaController | ControllerConfig):
+            raise ValueError("meta_update got two settings objects; use meta_update(state, tau_grad, beta_grad, cfg)")
+        tau_grad, beta_grad, cfg = old_tg, old_bg, old_meta
+    if cfg is None:
+        raise ValueError("meta_update needs cfg (a controllers.ControllerConfig or MetaController)")
+    return _meta_step(state, tau_grad, beta_grad, _meta_of(cfg), lr_scale)
+
+
+# ------------------------------------------- deprecated file helpers (interop)
+def controller_state_dict(state: ControllerState, meta: MetaController | None = None) -> dict:
+    """Deprecated: use :func:`jaxweight.interop.maxent_grpo.controller_state_dict`."""
+    warn_deprecated("jaxweight.controllers.controller_state_dict",
+                    "jaxweight.interop.maxent_grpo.controller_state_dict")
+    from .interop import maxent_grpo
+
+    return maxent_grpo.controller_state_dict(state, meta)
 
 
 def save_controller_state(
     path: str | os.PathLike, state: ControllerState, meta: MetaController | None = None
 ) -> Path:
-    """Write :func:`controller_state_dict` as JSON, atomically.
+    """Deprecated: use :func:`jaxweight.interop.maxent_grpo.save_controller_state`."""
+    warn_deprecated("jaxweight.controllers.save_controller_state",
+                    "jaxweight.interop.maxent_grpo.save_controller_state")
+    from .interop import maxent_grpo
 
-    The file is written to a temporary file in the same folder and renamed
-    over ``path`` (a crash leaves the old file or the new one); parent folders
-    are created; a bare file name works.
+    return maxent_grpo.save_controller_state(path, state, meta)
 
-    Returns:
-      The path written.
+
+def load_controller_state(path: str | os.PathLike, *, return_meta: bool = False):
+    """Deprecated: use :func:`jaxweight.interop.maxent_grpo.load_controller_state`
+    (or ``load_controller_file`` for the state and the meta settings)."""
+    warn_deprecated("jaxweight.controllers.load_controller_state",
+                    "jaxweight.interop.maxent_grpo.load_controller_state")
+    from .interop import maxent_grpo
+
+    if return_meta:
+        f = maxent_grpo.load_controller_file(path)
+        return f.state, f.meta
+    return maxent_grpo.load_controller_state(path)
+
+
+def __getattr__(name: str):
+    if name == "STATE_VERSION":
+        from .interop import maxent_grpo
+
+        return maxent_grpo.STATE_VERSION
+    raise AttributeError(f"module 'jaxweight.controllers' has no attribute {name!r}")
+
+
+def metrics_dict(state: ControllerState) -> dict[str, float]:
+    """``{"controllers/tau", "controllers/beta", "controllers/entropy_ema", ...}`` as floats (host side).
+
+    The numeric fields of the state through :func:`jaxweight.metrics.flatten`; batched
+    (vmapped) states give their means, an unset EMA / target (NaN) gives NaN.
     """
-    return atomic_write_json(path, controller_state_dict(state, meta))
+    from .metrics import flatten
 
-
-def _number(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)
-
-
-def load_controller_state(
-    path: str | os.PathLike, *, return_meta: bool = False
-) -> ControllerState | tuple[ControllerState, MetaController]:
-    """Read a ``controller_state.json`` written by maxent_grpo or :func:`save_controller_state`.
-
-    Rules (maxent_grpo's loader): a missing or non-numeric ``tau_log`` becomes
-    ``ln(max(tau, 1e-8))``, a missing / non-numeric / non-finite
-    ``tau_entropy_ema`` becomes ``tau``, and **``denom = tau + beta``** (1 if
-    that is <= 0), the rule the original applies when it restores a controller;
-    the next controller update resets ``denom`` to ``tau``. The meta
-    controller's ``last_*_grad`` go into the state.
-
-    Args:
-      path: the JSON file.
-      return_meta: also return the :class:`MetaController` stored under
-        ``meta.controller`` (defaults where absent).
-
-    Returns:
-      ``ControllerState`` (or ``(state, meta)``).
-
-    Raises:
-      FileNotFoundError: the file does not exist.
-      ValueError: not valid JSON, not an object, or ``tau`` / ``beta`` missing,
-        non-numeric or non-finite (the message names the field).
-    """
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"controller state file not found: {path}")
-    text = path.read_text(encoding="utf-8")
-    try:
-        payload = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(payload, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(payload).__name__}")
-    vals = {}
-    for field in ("tau", "beta"):
-        v = payload.get(field)
-        if not _number(v) or not math.isfinite(float(v)):
-            raise ValueError(f"{path}: field {field!r} must be a finite number, got {v!r}")
-        vals[field] = float(v)
-    tau, beta = vals["tau"], vals["beta"]
-    tau_log = payload.get("tau_log")
-    tau_log = float(tau_log) if _number(tau_log) and math.isfinite(float(tau_log)) else math.log(max(tau, 1e-8))
-    ema = payload.get("tau_entropy_ema")
-    ema = float(ema) if _number(ema) and math.isfinite(float(ema)) else tau
-    denom = tau + beta if tau + beta > 0 else 1.0
-
-    meta_payload = payload.get("meta")
-    ctrl = meta_payload.get("controller") if isinstance(meta_payload, dict) else None
-    meta = MetaController.from_state(ctrl)
-
-    state = init_controller(tau, beta, denom).replace(
-        log_tau=_f32(tau_log),
-        entropy_ema=_f32(ema),
-        last_tau_grad=_f32(meta.last_tau_grad),
-        last_beta_grad=_f32(meta.last_beta_grad),
-    )
-    return (state, meta) if return_meta else state
+    if not isinstance(state, ControllerState):
+        raise ValueError(f"state must be a ControllerState, got {type(state).__name__}")
+    return flatten(state, prefix="controllers")

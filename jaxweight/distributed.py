@@ -10,9 +10,9 @@ them out needs no new algorithm, only JAX's own machinery:
   gradient all-reduce), :func:`data_parallel_grad` is the explicit version
   (``jax.shard_map`` + ``lax.pmean``), and :func:`data_parallel_train_step`
   builds a whole optax step from a per-batch gradient function.
-* **Reward-model training** (:func:`reward_train_step`): a drop-in
-  data-parallel replacement of ``jaxweight.preference.train_step`` built on
-  its per-batch gradient :func:`jaxweight.preference.minibatch_grad`.
+* **Reward-model training** (:func:`reward_train_step`): the one reward train
+  step ``jaxweight.preference.train_step`` under ``shard_map`` with
+  ``axis_name`` (whole epochs: ``jaxweight.preference.train_reward(..., mesh=)``).
 * **Several processes / hosts**: :func:`initialize_cpu_cluster` (or plain
   ``jax.distributed.initialize`` on GPU/TPU), :func:`shard_batch` and
   :func:`replicate` build global arrays from what each process holds,
@@ -305,26 +305,19 @@ def _varying(tree: Any, axis_name: str) -> Any:
 
 
 # ---------------------------------------------------- reward-model training
-def _lp_penalty(p: int, params: Any) -> jax.Array:
-    # the same penalty as the trainer's Lp regulariser: lam * sum |theta|^p
-    leaves = jax.tree.leaves(params)
-    if p == 2:
-        return sum(jnp.sum(jnp.square(x)) for x in leaves)
-    return sum(jnp.sum(jnp.abs(x) ** p) for x in leaves)
-
-
 def reward_train_step(trainer: Any, mesh: Mesh, *, axis_name: str = DATA_AXIS) -> Callable:
     """Data-parallel ``jaxweight.preference.train_step``: every member's batch split over devices.
 
-    Each device computes :func:`jaxweight.preference.minibatch_grad` (the
-    gradient of ``sum_i mask_i * loss_i / batch_size``) on its shard of every
-    minibatch; the shard gradients are added with ``lax.psum``, which gives the
-    full-batch gradient of the one-device step. The rest follows
-    ``train_step`` exactly: gradient accumulation over ``minibatch_size``
-    minibatches, the Lp penalty added once per non-empty minibatch, imitation's
-    in-place weight-decay regulariser after every non-empty minibatch, AdamW,
-    and the metrics (mean over non-empty minibatches of the minibatch means).
-    Ensembles train every member at once (``vmap``) on its own batch.
+    No second implementation: this is ``jax.shard_map`` of
+    :func:`jaxweight.preference.train_step` with ``axis_name``, the one reward
+    train step of jaxweight. Each device computes the gradient of its rows of
+    every minibatch; the shard gradients (and per-minibatch counts and loss
+    sums) are added with ``lax.psum``, which gives the full-batch gradient of
+    the one-device step, with gradient accumulation, the Lp penalty added once
+    per non-empty minibatch, imitation's in-place weight-decay regulariser,
+    AdamW and the metrics exactly as on one device. Ensembles train every
+    member at once (``vmap``) on its own batch. For whole epochs over a buffer
+    use ``jaxweight.preference.train_reward(..., mesh=mesh)``.
 
     Args:
       trainer: a :class:`jaxweight.preference.RewardTrainer` (or its ``TrainerConfig``).
@@ -350,89 +343,23 @@ def reward_train_step(trainer: Any, mesh: Mesh, *, axis_name: str = DATA_AXIS) -
         step = reward_train_step(trainer, make_mesh())
         state, metrics = step(replicate(state, mesh), pairs, prefs)   # == trainer.step(state, pairs, prefs)
     """
-    import optax
-
-    from .preference.training import make_optimizer, minibatch_grad
+    from .preference.training import _local_batch, train_step
 
     config = getattr(trainer, "config", trainer)
-    n_dev = int(mesh.shape[axis_name])
-    b, mb = config.batch_size, config.minibatch_size
-    k = b // mb
-    if b % n_dev:
-        raise ValueError(f"batch_size {b} must be a multiple of the {n_dev} devices on mesh axis {axis_name!r}")
-    local_b = b // n_dev
-    if local_b % mb and mb % local_b:
-        raise ValueError(
-            f"minibatch_size {mb} and the per-device batch {local_b} (batch_size {b} / {n_dev} devices) "
-            "must divide one another"
-        )
-    pieces = max(local_b // mb, 1)  # minibatch pieces held by one device
-    piece = local_b // pieces       # rows per piece
+    _local_batch(config, int(mesh.shape[axis_name]), axis_name)
     spec = P(None, axis_name) if config.ensemble else P(axis_name)
-    lead = (config.num_members, b) if config.ensemble else (b,)
-
-    def member(hp, params, opt_state, lam, pairs, prefs, mask):
-        dev = jax.lax.axis_index(axis_name)
-        local_params = _varying(params, axis_name)  # per-device gradients, added by the psum below
-        split = lambda x: x.reshape(pieces, piece, *x.shape[1:])  # noqa: E731
-        ppairs, pprefs, pmask = jax.tree.map(split, (pairs, prefs, mask))
-        ids = (dev * local_b + jnp.arange(pieces) * piece) // mb  # global minibatch of each piece
-        one_hot = jax.nn.one_hot(ids, k, dtype=jnp.float32)  # [pieces, k]
-        counts = jax.lax.psum(one_hot.T @ jnp.sum(pmask, axis=1).astype(jnp.float32), axis_name)  # [k]
-        nonempty = counts > 0
-        n_nonempty = jnp.sum(nonempty.astype(jnp.float32))
-        decay = lam * hp.learning_rate
-        if config.reg_kind == "weight_decay":
-            # imitation decays the weights after each non-empty minibatch: minibatch j sees
-            # the weights decayed once per non-empty minibatch before it
-            before = jnp.cumsum(nonempty.astype(jnp.float32)) - nonempty.astype(jnp.float32)
-            scales = (1.0 - decay) ** before[ids]
-        else:
-            scales = jnp.ones((pieces,), jnp.float32)
-
-        def one(acc, xs):
-            pp, pr, pm, scale = xs
-            if config.reg_kind == "weight_decay":
-                p_now = jax.tree.map(lambda x: x * scale.astype(x.dtype), local_params)
-            else:
-                p_now = local_params
-            g, aux = minibatch_grad(config, hp, p_now, pp, pr, pm, 0.0)
-            n = aux["count"]
-            sums = jnp.stack([aux["loss_sum"], aux["accuracy"] * n, aux["gt_reward_loss"] * n])
-            return jax.tree.map(jnp.add, acc, g), sums
-
-        zeros = jax.tree.map(jnp.zeros_like, local_params)
-        grads, sums = jax.lax.scan(one, zeros, (ppairs, pprefs, pmask, scales))
-        grads = jax.lax.psum(grads, axis_name)
-        mb_sums = jax.lax.psum(sums.T @ one_hot, axis_name)  # [3, k] per-minibatch totals
-        if config.reg_kind == "lp":
-            pen = jax.grad(lambda q: _lp_penalty(config.reg_p, q))(params)
-            grads = jax.tree.map(lambda g, p: g + n_nonempty * lam * p, grads, pen)
-        if config.reg_kind == "weight_decay":
-            total = (1.0 - decay) ** n_nonempty
-            params = jax.tree.map(lambda x: x * total.astype(x.dtype), params)
-        updates, opt_state = make_optimizer(hp).update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        means = jnp.where(nonempty, mb_sums / jnp.maximum(counts, 1.0), 0.0)
-        metric = jnp.sum(means, axis=1) / jnp.maximum(n_nonempty, 1.0)
-        return params, opt_state, {"loss": metric[0], "accuracy": metric[1], "gt_reward_loss": metric[2]}
-
-    def local(state, pairs, prefs, mask):
-        fn = functools.partial(member, state.hparams)
-        if config.ensemble:
-            fn = jax.vmap(fn)
-        params, opt_state, metrics = fn(state.params, state.opt_state, state.reg_lambda, pairs, prefs, mask)
-        return state.replace(params=params, opt_state=opt_state, steps=state.steps + 1), metrics
-
-    sharded = jax.shard_map(local, mesh=mesh, in_specs=(P(), spec, spec, spec), out_specs=(P(), P()))
+    lead = (config.num_members, config.batch_size) if config.ensemble else (config.batch_size,)
+    sharded = jax.shard_map(
+        lambda state, pairs, prefs, mask: train_step(state, pairs, prefs, config, mask, axis_name=axis_name),
+        mesh=mesh, in_specs=(P(), spec, spec, spec), out_specs=(P(), P()),
+    )
 
     @jax.jit
     def step(state, pairs, prefs, mask=None):
         if tuple(np.shape(prefs)) != lead:
             raise ValueError(f"prefs must have shape {lead}, got {tuple(np.shape(prefs))}")
         mask = jnp.ones(lead, bool) if mask is None else jnp.asarray(mask, bool)
-        prefs = jnp.asarray(prefs, jnp.float32)
-        return sharded(state, pairs, prefs, mask)
+        return sharded(state, pairs, jnp.asarray(prefs, jnp.float32), mask)
 
     return step
 

@@ -29,7 +29,7 @@ Example::
     from jaxweight import random_weighting as rw
 
     cfg = rw.config(trajectory_sigmas={"xray": 1.0}, step_sigmas=0.1)
-    state = rw.init(0, cfg)                       # int seed or jax.random.key
+    state = rw.init(cfg, 0)                       # int seed or jax.random.key
     state = rw.step(state, jax.random.key(1), cfg)
     w = rw.weights(state)                         # f32[10], order of cfg.components
     lw = rw.sample_schedule(jax.random.key(2), cfg, 10_000, 100)   # f32[10000, 100, 10]
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -54,6 +54,7 @@ import numpy as np
 from flax import struct
 from jax import lax
 
+from . import _util
 from ._util import as_key, check_static_int
 
 Array = jax.Array
@@ -76,8 +77,11 @@ __all__ = [
     "resample_trajectory",
     "weights",
     "sample_schedule",
+    "sample_schedule_with_base",
+    "Schedule",
     "to_dict",
     "stats",
+    "metrics_dict",
     "xray_scale_init",
     "xray_scale_update",
     "combine",
@@ -173,14 +177,6 @@ class ComponentWeightingState:
 
 
 # ------------------------------------------------------------------- config
-def _concrete(x: Any) -> np.ndarray | None:
-    """``x`` as a NumPy array, or None when it is traced (value checks are skipped then)."""
-    try:
-        return np.asarray(x)
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        return None
-
-
 def _per_component(value: Any, default: float, components: tuple[str, ...], name: str) -> Array:
     """Scalar / mapping-over-defaults / [K] array -> f32[K]."""
     K = len(components)
@@ -215,16 +211,37 @@ def _per_component(value: Any, default: float, components: tuple[str, ...], name
 
 def _check_values(x: Array, name: str, components: tuple[str, ...], *, nonneg: bool,
                   finite: bool = True) -> None:
-    v = _concrete(x)
-    if v is None:
+    """Value check of an ``f32[K]`` (``_util.check_value``), naming the first bad component:
+    ``"step_sigmas['KL'] must be finite and >= 0.0, got -1.0"``, eagerly and under ``checked(jit)``."""
+    kw = dict(ge=0.0 if nonneg else None, finite=finite)
+    c = _util.concrete(x)
+    if c is not None:
+        try:
+            _util.check_value(c, name, **kw)
+            return
+        except ValueError:
+            pass
+        for i, comp in enumerate(components):
+            _util.check_value(c[i], f"{name}[{comp!r}]", **kw)
         return
-    bad = np.isnan(v) | (~np.isfinite(v) if finite else False)
-    if nonneg:
-        bad |= v < 0
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        want = "finite and >= 0" if nonneg else ("finite" if finite else "not NaN")
-        raise ValueError(f"{name} must be {want}; component {components[i]!r} has {float(v[i])}")
+    for i, comp in enumerate(components):
+        _util.check_value(x[..., i], f"{name}[{comp!r}]", **kw)
+
+
+def _check_bounds(lo: Array, hi: Array, components: tuple[str, ...]) -> None:
+    """``lo <= hi`` per component (``_util.check_order``), naming the first reversed one."""
+    a, b = _util.concrete(lo), _util.concrete(hi)
+    if a is not None and b is not None:
+        if np.all(a <= b):
+            return
+        idx = range(len(components))
+        lo_i, hi_i = a, b
+    else:
+        idx, lo_i, hi_i = range(len(components)), lo, hi
+    for i in idx:
+        comp = components[i]
+        _util.check_order(lo_i[..., i], hi_i[..., i], f"log_weight_bounds[0][{comp!r}]",
+                          f"log_weight_bounds[1][{comp!r}]")
 
 
 def config(
@@ -256,8 +273,9 @@ def config(
     Raises:
       ValueError: empty or duplicate components, unknown names in a mapping,
         wrong array shape, negative or non-finite sigma, non-finite mean,
-        ``lo > hi``. (Value checks run when the values are concrete; traced
-        values, e.g. inside ``jax.vmap``, are only shape-checked.)
+        NaN bounds, ``lo > hi``. Traced values (a config built inside
+        ``jax.jit``) are checked through checkify: ``jaxweight.checked(jax.jit(f))``
+        raises the same ``ValueError`` as an eager call.
 
     Example::
 
@@ -289,12 +307,7 @@ def config(
     hi = _per_component(log_weight_bounds[1], DEFAULT_LOG_WEIGHT_BOUNDS[1], comps, "log_weight_bounds[1]")
     _check_values(lo, "log_weight_bounds[0]", comps, nonneg=False, finite=False)
     _check_values(hi, "log_weight_bounds[1]", comps, nonneg=False, finite=False)
-    lo_c, hi_c = _concrete(lo), _concrete(hi)
-    if lo_c is not None and hi_c is not None and (lo_c > hi_c).any():
-        i = int(np.flatnonzero(lo_c > hi_c)[0])
-        raise ValueError(
-            f"log_weight_bounds: lo > hi for component {comps[i]!r} ({float(lo_c[i])} > {float(hi_c[i])})"
-        )
+    _check_bounds(lo, hi, comps)
     return RandomWeightingConfig(mu=mu, trajectory_sigma=ts, step_sigma=ss, lower=lo, upper=hi,
                                  components=comps)
 
@@ -383,20 +396,28 @@ def _step_core(state: RandomWeightingState, key: Array, cfg: RandomWeightingConf
     return RandomWeightingState(state.base_log_weights, lw, state.sample_count + jnp.int32(1))
 
 
-def init(key: Any, cfg: RandomWeightingConfig) -> RandomWeightingState:
+def init(cfg: RandomWeightingConfig, key: Any = None) -> RandomWeightingState:
     """Draw a trajectory base; ``log_weights = base``, ``sample_count = 0``.
 
     Args:
-      key: ``jax.random.key`` (shape ``()``) or an int seed.
       cfg: from :func:`config`.
+      key: ``jax.random.key`` (shape ``()``) or an int seed.
 
     Returns:
       ``RandomWeightingState(base_log_weights f32[K], log_weights f32[K], sample_count i32[])``.
 
+    The old order ``init(key, cfg)`` still works with a ``DeprecationWarning``
+    (a config in the first position is the new order).
+
     Example::
 
-        states = jax.vmap(init, in_axes=(0, None))(jax.random.split(key, 10_000), cfg)
+        states = jax.vmap(init, in_axes=(None, 0))(cfg, jax.random.split(key, 10_000))
     """
+    if not isinstance(cfg, RandomWeightingConfig) and isinstance(key, RandomWeightingConfig):
+        _util.warn_deprecated("jaxweight.random_weighting.init(key, cfg)", "jaxweight.random_weighting.init(cfg, key)")
+        cfg, key = key, cfg
+    if key is None:
+        raise ValueError("init(cfg, key) needs a key: a jax.random.key or an int seed")
     _check_cfg(cfg)
     return _init_core(_check_key(key), cfg)
 
@@ -423,7 +444,7 @@ def step(state: RandomWeightingState, key: Any, cfg: RandomWeightingConfig) -> R
 def resample_trajectory(state: RandomWeightingState, key: Any, cfg: RandomWeightingConfig) -> RandomWeightingState:
     """Start a new trajectory: new base, ``log_weights = base``, ``sample_count = 0``.
 
-    ``resample_trajectory(s, k, cfg)`` equals ``init(k, cfg)``; ``state`` only
+    ``resample_trajectory(s, k, cfg)`` equals ``init(cfg, k)``; ``state`` only
     fixes the layout.
     """
     K = _check_cfg(cfg)
@@ -542,6 +563,29 @@ def _schedule(key, cfg, num_trajectories, num_steps, method):
     return _SCHEDULERS[method](key, cfg, num_trajectories, num_steps)
 
 
+def _sample(key: Any, cfg: RandomWeightingConfig, num_trajectories: int, num_steps: int,
+            method: str) -> tuple[Array, Array]:
+    K = _check_cfg(cfg)
+    T = check_static_int(num_trajectories, "num_trajectories", 0)
+    S = check_static_int(num_steps, "num_steps", 0)
+    if max(T, S, K) >= 2**32:
+        raise ValueError("num_trajectories, num_steps and the number of components must be < 2**32")
+    key = _check_key(key)
+    if method not in ("auto", *_SCHEDULERS):
+        raise ValueError(f"method must be 'auto', 'fused', 'vmap' or 'map', got {method!r}")
+    fused_ok = _fused_available(key)
+    threefry = str(jax.random.key_impl(key)) == "threefry2x32"
+    if method == "fused" and not fused_ok:
+        raise ValueError(
+            "method='fused' needs a threefry2x32 key and jax_threefry_partitionable=True; "
+            f"got impl {jax.random.key_impl(key)} and partitionable={jax.config.jax_threefry_partitionable}"
+        )
+    if method == "auto":
+        method = "fused" if fused_ok else ("vmap" if threefry else "map")
+    out, base = _schedule(key, cfg, num_trajectories=T, num_steps=S, method=method)
+    return out, base
+
+
 def sample_schedule(
     key: Any,
     cfg: RandomWeightingConfig,
@@ -560,7 +604,7 @@ def sample_schedule(
 
         kt = jax.random.split(key, num_trajectories)
         k_init, k_steps = jax.random.split(kt[j])
-        s = init(k_init, cfg)
+        s = init(cfg, k_init)
         s = step(s, jax.random.split(k_steps, num_steps)[t], cfg)   # -> out[j, t]
 
     Args:
@@ -568,7 +612,8 @@ def sample_schedule(
       cfg: from :func:`config`.
       num_trajectories: static int >= 0 (T).
       num_steps: static int >= 0 (S).
-      return_base: also return the bases ``f32[T, K]``.
+      return_base: deprecated: use :func:`sample_schedule_with_base` (a
+        struct instead of a flag that changes what is returned).
       method: ``"auto"`` (``"fused"`` for threefry keys with
         ``jax_threefry_partitionable`` on, the default; ``"vmap"`` for
         threefry keys without it; ``"map"`` for other key implementations),
@@ -579,7 +624,7 @@ def sample_schedule(
         whose draws change under ``vmap``, but slow).
 
     Returns:
-      ``f32[T, S, K]``, or ``(f32[T, S, K], f32[T, K])`` with ``return_base``.
+      ``f32[T, S, K]`` (the deprecated ``return_base=True``: ``(f32[T, S, K], f32[T, K])``).
 
     Raises:
       ValueError: a negative or non-int size, a batched key, an unknown
@@ -590,27 +635,39 @@ def sample_schedule(
         lw = sample_schedule(jax.random.key(0), config(), 10_000, 100)   # f32[10000, 100, 10]
         w = jnp.exp(lw)
     """
-    K = _check_cfg(cfg)
-    T = check_static_int(num_trajectories, "num_trajectories", 0)
-    S = check_static_int(num_steps, "num_steps", 0)
-    if max(T, S, K) >= 2**32:
-        raise ValueError("num_trajectories, num_steps and the number of components must be < 2**32")
-    key = _check_key(key)
     if not isinstance(return_base, bool):
         raise ValueError(f"return_base must be a bool, got {return_base!r}")
-    if method not in ("auto", *_SCHEDULERS):
-        raise ValueError(f"method must be 'auto', 'fused', 'vmap' or 'map', got {method!r}")
-    fused_ok = _fused_available(key)
-    threefry = str(jax.random.key_impl(key)) == "threefry2x32"
-    if method == "fused" and not fused_ok:
-        raise ValueError(
-            "method='fused' needs a threefry2x32 key and jax_threefry_partitionable=True; "
-            f"got impl {jax.random.key_impl(key)} and partitionable={jax.config.jax_threefry_partitionable}"
-        )
-    if method == "auto":
-        method = "fused" if fused_ok else ("vmap" if threefry else "map")
-    out, base = _schedule(key, cfg, num_trajectories=T, num_steps=S, method=method)
-    return (out, base) if return_base else out
+    out, base = _sample(key, cfg, num_trajectories, num_steps, method)
+    if return_base:
+        _util.warn_deprecated("sample_schedule(..., return_base=True)", "sample_schedule_with_base(...)")
+        return out, base
+    return out
+
+
+class Schedule(NamedTuple):
+    """A batch of rollouts' log-weights and their trajectory bases (a NamedTuple: unpacks as a pair).
+
+    Attributes:
+      log_weights: f32[T, S, K], as :func:`sample_schedule`.
+      base: f32[T, K] the base of each trajectory.
+    """
+
+    log_weights: Array
+    base: Array
+
+
+def sample_schedule_with_base(key: Any, cfg: RandomWeightingConfig, num_trajectories: int, num_steps: int,
+                              *, method: str = "auto") -> Schedule:
+    """:func:`sample_schedule` plus the trajectory bases: ``Schedule(log_weights f32[T, S, K], base f32[T, K])``.
+
+    The same draws as :func:`sample_schedule` (one call computes both).
+
+    Example::
+
+        lw, base = sample_schedule_with_base(jax.random.key(0), config(), 1000, 50)
+    """
+    out, base = _sample(key, cfg, num_trajectories, num_steps, method)
+    return Schedule(out, base)
 
 
 # --------------------------------------------------------------- reporting
@@ -644,6 +701,16 @@ def stats(state: RandomWeightingState, cfg: RandomWeightingConfig) -> dict[str, 
     return out
 
 
+def metrics_dict(state: RandomWeightingState, cfg: RandomWeightingConfig) -> dict[str, float]:
+    """Host side: :func:`stats` as a flat ``{"random_weighting/<key>": float}`` (:func:`jaxweight.metrics.flatten`).
+
+    Batched states give the mean over the batch (``.../mean`` keys).
+    """
+    from .metrics import flatten
+
+    return flatten(stats(state, cfg), prefix="random_weighting")
+
+
 # ---------------------------------------------------------------- X-ray scale
 def _scalar_f32(x: Any, name: str) -> Array:
     try:
@@ -670,16 +737,15 @@ def xray_scale_init(initial_loss: Any = None) -> XrayScaleState:
         L0, init_ = jnp.zeros((), jnp.float32), jnp.asarray(False)
     else:
         L0, init_ = _scalar_f32(initial_loss, "initial_loss"), jnp.asarray(True)
-        c = _concrete(L0)
-        if c is not None and not np.isfinite(c):
-            raise ValueError(f"initial_loss must be finite, got {float(c)}")
+        _util.check_value(L0, "initial_loss")
     return XrayScaleState(weight=jnp.ones((), jnp.float32), initial_loss=L0, initialized=init_)
 
 
 @jax.jit
 def _xray_core(state, loss, target_scale, min_weight, max_weight, smoothing):
-    skip = ~state.initialized & ~jnp.isfinite(loss)
-    L0 = jnp.where(state.initialized, state.initial_loss, jnp.where(skip, state.initial_loss, loss))
+    # a non-finite loss is bad data: the state stays exactly as it was and the current weight is returned
+    skip = ~jnp.isfinite(loss)
+    L0 = jnp.where(state.initialized | skip, state.initial_loss, loss)
     # target / 0 is +inf and lands on max_weight, as in torchref
     t = jnp.clip(target_scale / (L0 + np.float32(1e-6)), min_weight, max_weight)
     w = smoothing * state.weight + (1 - smoothing) * t
@@ -705,9 +771,11 @@ def xray_scale_update(
         weight = smoothing * weight + (1 - smoothing) * t
 
     Later losses are ignored (the original docstring's "current loss"
-    notwithstanding). A non-finite ``xray_loss`` while uninitialised leaves
-    the state unchanged and returns the current weight. All hyperparameters
-    may be traced.
+    notwithstanding). A non-finite ``xray_loss`` (bad data) leaves the state
+    exactly unchanged and returns the current (finite) weight, initialised or
+    not. All hyperparameters may be traced: bad values (``target_scale <= 0``,
+    ``min_weight > max_weight``, ``smoothing`` outside [0, 1], NaN) raise
+    ``ValueError`` eagerly and under ``jaxweight.checked(jax.jit(...))``.
 
     Args:
       state: from :func:`xray_scale_init`.
@@ -727,11 +795,12 @@ def xray_scale_update(
     args = [_scalar_f32(v, n) for v, n in (
         (xray_loss, "xray_loss"), (target_scale, "target_scale"), (min_weight, "min_weight"),
         (max_weight, "max_weight"), (smoothing, "smoothing"))]
-    lo, hi, sm = (_concrete(a) for a in args[2:])
-    if lo is not None and hi is not None and lo > hi:
-        raise ValueError(f"min_weight must be <= max_weight, got {float(lo)} > {float(hi)}")
-    if sm is not None and not 0.0 <= sm <= 1.0:
-        raise ValueError(f"smoothing must be in [0, 1], got {float(sm)}")
+    _, ts, lo, hi, sm = args
+    _util.check_value(ts, "target_scale", gt=0.0)
+    _util.check_value(lo, "min_weight", ge=0.0)
+    _util.check_value(hi, "max_weight", gt=0.0)
+    _util.check_order(lo, hi, "min_weight", "max_weight")
+    _util.check_value(sm, "smoothing", ge=0.0, le=1.0)
     return _xray_core(state, *args)
 
 
@@ -740,7 +809,9 @@ def combine(*named: Mapping[str, Any]) -> dict[str, Array]:
     """Merge weight mappings left to right, multiplying values of shared keys.
 
     Keys keep the order of their first appearance; values are float32 arrays
-    that broadcast.
+    that broadcast. A plain product: a NaN (or inf) entry is not masked and
+    propagates to its key only (other keys are unaffected); the weights this
+    module produces are always finite (clipped log-weights, a finite X-ray scale).
 
     Example::
 
@@ -759,9 +830,17 @@ def combine(*named: Mapping[str, Any]) -> dict[str, Array]:
     return out
 
 
-def component_init(key: Any, cfg: RandomWeightingConfig, initial_xray_loss: Any = None) -> ComponentWeightingState:
-    """State of torchref's ``RandomComponentWeighting``: :func:`init` plus :func:`xray_scale_init`."""
-    return ComponentWeightingState(random=init(key, cfg), xray=xray_scale_init(initial_xray_loss))
+def component_init(cfg: RandomWeightingConfig, key: Any = None,
+                   initial_xray_loss: Any = None) -> ComponentWeightingState:
+    """State of torchref's ``RandomComponentWeighting``: :func:`init` plus :func:`xray_scale_init`.
+
+    The old order ``component_init(key, cfg, ...)`` still works with a ``DeprecationWarning``.
+    """
+    if not isinstance(cfg, RandomWeightingConfig) and isinstance(key, RandomWeightingConfig):
+        _util.warn_deprecated("jaxweight.random_weighting.component_init(key, cfg, ...)",
+                              "jaxweight.random_weighting.component_init(cfg, key, ...)")
+        cfg, key = key, cfg
+    return ComponentWeightingState(random=init(cfg, key), xray=xray_scale_init(initial_xray_loss))
 
 
 def component_weights(

@@ -76,7 +76,8 @@ def test_awr_loss_and_gradient(jit_or_eager):
     f = jit_or_eager(lambda lp, adv: awr.awr_loss(lp, adv, temperature=0.7, normalize=True, mask=mask))
     loss = f(lp, adv)
     valid = np.array([True, True, True, False, False])
-    w = _np_weights(np.where(np.isfinite(np.asarray(adv)), adv, np.nan), 0.7, 20.0, True)
+    # entry 3 (NaN log-prob) is invalid: it is left out of the advantage normalisation too
+    w = _np_weights(np.where(valid, np.asarray(adv), np.nan), 0.7, 20.0, True)
     expect = -np.sum(w[valid] * np.asarray(lp)[valid]) / valid.sum()
     np.testing.assert_allclose(float(loss), expect, rtol=1e-5)
     # gradient flows only into log_probs: d loss / d lp_i = -w_i / n_valid; none into the advantages
@@ -115,7 +116,7 @@ def test_fit_linear_policy_equals_weighted_least_squares():
     X = np.c_[x, np.ones(N)]
     ref = X @ np.linalg.solve(X.T @ (w[:, None] * X), X.T @ (w[:, None] * a))
     params, m = awr.fit_weight_policy(0, x, a, adv, hidden_sizes=(), mean_bounds=None, batch_size=N,
-                                      num_epochs=600, learning_rate=1e-2, progress=False)
+                                      num_epochs=600, learning_rate=1e-2)
     pred = np.asarray(awr.predict_log_weights(params, x))
     np.testing.assert_allclose(pred, ref, atol=1e-3)
     assert m["loss"].shape == (600,) and float(m["num_valid"]) == N
@@ -147,7 +148,7 @@ def test_fit_recovers_known_best_action():
     x_all[-5:, 0] = np.nan
     mask = np.r_[np.ones(len(x), bool), np.zeros(2000, bool), np.ones(10, bool)]
     params, m = awr.fit_weight_policy(1, x_all, a_all, r_all, mask=mask, temperature=beta, normalize=False,
-                                      num_epochs=20, batch_size=512, mean_bounds=None, progress=False)
+                                      num_epochs=20, batch_size=512, mean_bounds=None)
     assert float(m["num_valid"]) == len(x) and float(m["clipped_fraction"]) == 0.0
     xt, _ = _recovery_data(rng, 2000)
     mean, log_std = (np.asarray(t) for t in awr.predict_distribution(params, xt))
@@ -163,7 +164,7 @@ def test_policy_module_prediction_shapes_and_checkpoint(tmp_path):
     rng = np.random.default_rng(2)
     x = rng.normal(size=(64, 4)).astype(np.float32)
     a = rng.normal(size=(64, 3)).astype(np.float32)
-    params, _ = awr.fit_weight_policy(0, x, a, rng.normal(size=64), num_epochs=2, batch_size=32, progress=False)
+    params, _ = awr.fit_weight_policy(0, x, a, rng.normal(size=64), num_epochs=2, batch_size=32)
     assert awr.predict_log_weights(params, x[0]).shape == (3,)
     out = awr.predict_log_weights(params, x.reshape(8, 8, 4))
     assert out.shape == (8, 8, 3) and out.dtype == jnp.float32
@@ -219,3 +220,38 @@ def test_demo_quick_policy_beats_defaults(tmp_path):
     assert demo.policy_wins(res["rows"])
     for k in ("plot", "table", "json"):
         assert (tmp_path / {"plot": "awr_demo.png", "table": "awr_demo.txt", "json": "awr_demo.json"}[k]).exists()
+
+
+def test_fit_progress_only_through_callback(capsys):
+    rng = np.random.RandomState(0)
+    x, a, adv = rng.normal(size=(16, 2)), rng.normal(size=(16, 3)), rng.normal(size=16)
+    seen = []
+    params, m = awr.fit_weight_policy(0, x, a, adv, num_epochs=3, batch_size=8,
+                                      callback=lambda e, mm: seen.append((e, mm["loss"])))
+    assert [e for e, _ in seen] == [0, 1, 2]
+    np.testing.assert_allclose([v for _, v in seen], np.asarray(m["loss"]), rtol=1e-6)
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == ""  # nothing printed, no progress bar
+    # deprecated spellings: progress=fn is the callback; progress=True / desc= warn and draw nothing
+    seen2 = []
+    with pytest.deprecated_call(match="progress=fn"):
+        _, m2 = awr.fit_weight_policy(0, x, a, adv, num_epochs=3, batch_size=8,
+                                      progress=lambda e, mm: seen2.append(e))
+    assert seen2 == [0, 1, 2]
+    np.testing.assert_array_equal(np.asarray(m2["loss"]), np.asarray(m["loss"]))
+    with pytest.deprecated_call(match="progress=True"):
+        awr.fit_weight_policy(0, x, a, adv, num_epochs=1, batch_size=8, progress=True)
+    with pytest.deprecated_call(match="desc"):
+        awr.fit_weight_policy(0, x, a, adv, num_epochs=1, batch_size=8, desc="fit")
+    assert capsys.readouterr().err == ""
+
+
+def test_demo_group_advantages_is_the_library_one():
+    from jaxweight import maxent
+    from jaxweight.demos import awr as demo
+
+    r = jnp.asarray(np.random.RandomState(1).rand(3, 8) + 0.1, jnp.float32)
+    x = -jnp.log(r)
+    want = (x - x.mean(1, keepdims=True)) / (x.std(1, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(demo.group_advantages(r), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(demo.group_advantages(r), maxent.group_advantages(x, eps=1e-6, ddof=0))

@@ -36,7 +36,7 @@ def _state(seed=0):
 def test_round_trip_exact_dtypes_shapes_and_keys(tmp_path):
     s = _state(1)
     p = checkpoint.save(tmp_path / "sub" / "s.ckpt", s, metadata={"step": 3})
-    back, meta = checkpoint.load(p, _state(0), return_metadata=True)
+    back, meta = checkpoint.load_with_metadata(p, _state(0))
     assert meta == {"step": 3}
     assert_trees_close(back, s)
     assert jax.dtypes.issubdtype(back.key.dtype, jax.dtypes.prng_key)

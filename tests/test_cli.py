@@ -1,13 +1,21 @@
+import argparse
 import json
+import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from jaxweight import cli
+from jaxweight.demos import _common as C
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.strip()]
 
 
 def test_usage_and_unknown_command(capsys):
@@ -15,11 +23,40 @@ def test_usage_and_unknown_command(capsys):
     assert cli.main(["--help"]) == 0
     assert "python -m jaxweight demo" in capsys.readouterr().out
     assert cli.main(["frobnicate"]) == 2
+    err = capsys.readouterr().err
+    assert _lines(err) == ["unknown command 'frobnicate': use 'demo' or 'bench' (python -m jaxweight --help)"]
 
 
-def test_unknown_demo(capsys):
+def test_unknown_demo_is_one_line(capsys):
     assert cli.demo(["nope"]) == 2
-    assert "unknown demo 'nope'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert len(_lines(err)) == 1 and "unknown demo 'nope'" in err
+
+
+def test_demo_help_lists_every_demo_with_its_description(capsys):
+    assert cli.demo(["--help"]) == 0
+    out = capsys.readouterr().out
+    available = cli._available_demos()
+    assert {"awr", "curriculum", "grpo", "preferences"} <= set(available)
+    for name in available:
+        line = next(ln for ln in out.splitlines() if ln.strip().startswith(name + " "))
+        assert cli.describe(name) in line and len(cli.describe(name)) > 10
+    assert "demo NAME --help" in out
+    assert cli.main(["demo", "--help"]) == 0
+
+
+def test_describe_reads_the_docstring_without_importing(monkeypatch):
+    monkeypatch.delitem(sys.modules, "jaxweight.demos.awr", raising=False)
+    assert cli.describe("awr").startswith("Learn loss-component weights")
+    assert "jaxweight.demos.awr" not in sys.modules
+
+
+def test_missing_demo_module_is_tolerated(monkeypatch, capsys):
+    monkeypatch.setitem(cli.DEMOS, "ghost", "jaxweight.demos.no_such_demo")
+    assert "ghost" not in cli._available_demos()
+    assert cli.demo(["--help"]) == 0 and "ghost" not in capsys.readouterr().out
+    assert cli.demo(["ghost"]) == 2
+    assert "not available" in capsys.readouterr().err
 
 
 def test_default_demo_is_the_preference_loop(monkeypatch):
@@ -33,8 +70,132 @@ def test_default_demo_is_the_preference_loop(monkeypatch):
             seen.append(argv)
             return 0
 
+    monkeypatch.setattr(cli, "missing_extra", lambda name: None)
     monkeypatch.setattr(cli.importlib, "import_module", lambda name: Fake if name == cli.DEMOS["preferences"] else None)
     assert cli.demo(["--quick"]) == 0 and seen == [["--quick"]]
+
+
+def test_missing_extra_is_one_line_before_import(monkeypatch, capsys):
+    monkeypatch.setitem(cli.DEMO_REQUIRES, "awr", {"no_such_pkg_xyz": "rl"})
+    imported = []
+    monkeypatch.setattr(cli.importlib, "import_module", lambda name: imported.append(name))
+    assert cli.demo(["awr", "--quick"]) == 1
+    err = capsys.readouterr().err
+    assert _lines(err) == ["the awr demo needs no_such_pkg_xyz: pip install 'jaxweight[rl]'"]
+    assert imported == []
+
+
+def test_preferences_demo_declares_gymnax():
+    assert cli.DEMO_REQUIRES["preferences"] == {"gymnax": "rl"}
+
+
+@pytest.mark.parametrize("name", ["awr", "curriculum", "grpo"])
+def test_demo_name_help_shows_the_demo_options(name, capsys):
+    if name not in cli._available_demos():
+        pytest.skip(f"no {name} demo")
+    with pytest.raises(SystemExit) as e:
+        cli.demo([name, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert f"python -m jaxweight demo {name}" in out and "--out" in out
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--steps", "0"], "argument --steps: must be an integer >= 1, got '0'"),
+    (["--steps", "-1"], "argument --steps: must be an integer >= 1, got '-1'"),
+    (["--seed", "-1"], "argument --seed: must be an integer >= 0, got '-1'"),
+])
+def test_grpo_demo_bad_flags_exit_2_with_one_line(argv, fragment, capsys, tmp_path):
+    from jaxweight.demos import grpo
+
+    with pytest.raises(SystemExit) as e:
+        grpo.main(argv + ["--out", str(tmp_path / "o"), "--no-progress"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "Traceback" not in err
+    assert len([ln for ln in _lines(err) if "error:" in ln]) == 1
+    assert not (tmp_path / "o").exists()  # rejected before anything ran or was written
+
+
+def test_grpo_demo_has_the_common_flags(capsys):
+    from jaxweight.demos import grpo
+
+    with pytest.raises(SystemExit) as e:
+        grpo.main(["--help"])
+    assert e.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "(default jaxweight-out/grpo/)" in out
+    for flag in ("--strict", "--tensorboard DIR", "--seed", "--quick", "--no-progress", "--steps"):
+        assert flag in out
+
+
+def test_compile_cache_dir_respects_xdg_and_override(monkeypatch, tmp_path):
+    monkeypatch.delenv("JAXWEIGHT_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cli.compile_cache_dir() == tmp_path / "xdg" / "jaxweight" / "jax-compile"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cli.compile_cache_dir() == Path.home() / ".cache" / "jaxweight" / "jax-compile"
+    monkeypatch.setenv("JAXWEIGHT_CACHE_DIR", str(tmp_path / "mine"))
+    assert cli.compile_cache_dir() == tmp_path / "mine"
+
+
+_CACHE_PROBE = textwrap.dedent("""
+    import sys, jax, jax.numpy as jnp
+    from jaxweight import cli
+    folder = None if sys.argv[1] == "off" else cli.enable_compile_cache()
+    print(folder)
+    jax.jit(lambda x: jnp.sin(x) * 3.0 + x.sum())(jnp.arange(7.0)).block_until_ready()
+""")
+
+
+def test_persistent_compile_cache_second_run_compiles_nothing(tmp_path):
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "XLA_FLAGS": ""}
+    env.pop("JAXWEIGHT_CACHE_DIR", None)
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    folder = tmp_path / "jaxweight" / "jax-compile"
+
+    def run(mode):
+        r = subprocess.run([sys.executable, "-c", _CACHE_PROBE, mode], env=env, capture_output=True, text=True,
+                           timeout=120, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    assert run("on") == str(folder)
+    first = sorted(p.name for p in folder.iterdir())
+    assert any("cache" in n for n in first)
+    run("on")
+    assert sorted(p.name for p in folder.iterdir()) == first   # nothing new compiled
+    run("off")
+    assert sorted(p.name for p in folder.iterdir()) == first
+
+
+def test_no_compile_cache_flag_is_stripped(monkeypatch):
+    seen, enabled = [], []
+    monkeypatch.setattr(cli, "demo", lambda argv: seen.append(argv) or 0)
+    monkeypatch.setattr(cli, "enable_compile_cache", lambda: enabled.append(1))
+    assert cli.main(["demo", "grpo", "--no-compile-cache", "--quick"]) == 0
+    assert seen == [["grpo", "--quick"]] and enabled == []
+    assert cli.main(["demo", "grpo"]) == 0 and enabled == [1]
+
+
+def test_bench_without_checkout_is_one_line(monkeypatch, capsys, tmp_path):
+    def nope():
+        raise cli.BenchNotFound(cli.BENCH_HINT)
+
+    monkeypatch.setattr(cli, "find_bench_dir", nope)
+    assert cli.bench(["--quick"]) == 2
+    err = _lines(capsys.readouterr().err)
+    assert len(err) == 1 and "JAXWEIGHT_BENCH_DIR" in err[0]
+
+
+def test_find_bench_dir_env_and_checkout(monkeypatch, tmp_path):
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "_common.py").write_text("")
+    monkeypatch.setenv("JAXWEIGHT_BENCH_DIR", str(tmp_path / "b"))
+    assert cli.find_bench_dir() == (tmp_path / "b").resolve()
+    monkeypatch.delenv("JAXWEIGHT_BENCH_DIR")
+    monkeypatch.chdir(tmp_path)
+    assert cli.find_bench_dir() == (REPO / "bench").resolve()
 
 
 def test_ci_runs_the_readme_test_command():
@@ -55,9 +216,122 @@ def test_bench_runner_quick_json(tmp_path):
     out = tmp_path / "b.json"
     r = subprocess.run([sys.executable, "-m", "jaxweight", "bench", "--only", "random_weighting", "--quick",
                         "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600,
-                       env={**__import__("os").environ, "XLA_FLAGS": ""})
+                       env={**os.environ, "XLA_FLAGS": ""})
     assert r.returncode == 0, r.stderr
     recs = json.loads(out.read_text())
     assert recs and {"module", "name", "size", "jaxweight_s", "baseline", "baseline_s", "ratio", "device",
                      "jax_version"} <= set(recs[0])
     assert all(rec["module"] == "random_weighting" for rec in recs)
+
+
+# ----------------------------------------------------------------------------- demos/_common.py
+
+def _parser():
+    p = argparse.ArgumentParser(prog="python -m jaxweight demo x")
+    C.add_common_args(p, "x")
+    p.add_argument("--steps", type=C.positive_int)
+    p.add_argument("--n", type=C.nonneg_int)
+    p.add_argument("--lr", type=C.positive_float)
+    p.add_argument("--coef", type=C.nonneg_float)
+    p.add_argument("--p", type=C.prob)
+    p.add_argument("--q", type=C.open_prob)
+    p.add_argument("--names", type=C.comma_list(["a", "b"]))
+    return p
+
+
+def test_common_args_defaults():
+    a = _parser().parse_args([])
+    assert a.out == "jaxweight-out/x/" and a.strict is False and a.tensorboard is None
+    assert a.seed == 0 and a.quick is False and a.no_progress is False
+    a = _parser().parse_args(["--steps", "3", "--lr", "1e-3", "--p", "1", "--q", "0.5", "--names", "a,b", "--n", "0"])
+    assert (a.steps, a.lr, a.p, a.q, a.names, a.n) == (3, 1e-3, 1.0, 0.5, ["a", "b"], 0)
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--steps", "0"], "argument --steps: must be an integer >= 1, got '0'"),
+    (["--steps", "2.5"], "argument --steps: must be an integer, got '2.5'"),
+    (["--n", "-1"], "argument --n: must be an integer >= 0, got '-1'"),
+    (["--seed", "-3"], "argument --seed: must be an integer >= 0, got '-3'"),
+    (["--lr", "0"], "argument --lr: must be a number > 0.0, got '0'"),
+    (["--lr", "nan"], "argument --lr: must be a finite number, got 'nan'"),
+    (["--lr", "inf"], "argument --lr: must be a finite number, got 'inf'"),
+    (["--coef", "-0.1"], "argument --coef: must be a number >= 0.0, got '-0.1'"),
+    (["--p", "1.5"], "argument --p: must be a number in [0.0, 1.0], got '1.5'"),
+    (["--q", "1"], "argument --q: must be a number in (0.0, 1.0), got '1'"),
+    (["--names", "a,c"], "argument --names: unknown 'c'; choose from a, b"),
+    (["--names", ","], "argument --names: needs at least 1 comma-separated entry"),
+])
+def test_bad_flag_values_exit_2_with_one_line(argv, fragment, capsys):
+    with pytest.raises(SystemExit) as e:
+        _parser().parse_args(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "Traceback" not in err
+    assert len([ln for ln in _lines(err) if "error:" in ln]) == 1
+
+
+def test_finish_exit_code(capsys):
+    assert C.finish([("a", True), ("b", True)], strict=True) == 0
+    assert C.finish([("a", True), ("b", False)], strict=False) == 0
+    out = capsys.readouterr().out
+    assert "[met] a" in out and "[NOT met] b" in out and "--strict" in out
+    assert C.finish([("b", False)], strict=True) == 1
+
+
+def test_require_extra(capsys):
+    C.require_extra(["json", "os"], "rl")
+    with pytest.raises(SystemExit) as e:
+        C.require_extra(["json", "no_such_pkg_xyz"], "rl", "the preferences demo")
+    assert e.value.code == "the preferences demo needs no_such_pkg_xyz: pip install 'jaxweight[rl]'"
+    assert C.missing_modules("no.such.pkg") == ["no.such.pkg"]
+
+
+def test_results_then_plot(tmp_path, monkeypatch):
+    a = argparse.Namespace(out=str(tmp_path / "o"))
+    import numpy as np
+
+    p = C.write_results(a, {"x": np.arange(3), "y": np.float32(float("nan")), "z": [np.int64(4)]})
+    assert json.loads(p.read_text()) == {"x": [0, 1, 2], "y": None, "z": [4]}
+    pytest.importorskip("matplotlib")
+
+    def fig(plt):
+        f, ax = plt.subplots()
+        ax.plot([0, 1], [1, 0])
+        return f
+
+    png = C.save_plot(fig, tmp_path / "o" / "p.png")
+    assert png is not None and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_save_plot_without_matplotlib(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import raises ImportError
+    notes = []
+    assert C.save_plot(lambda plt: 1 / 0, tmp_path / "p.png", log=notes.append) is None
+    assert len(notes) == 1 and "pip install 'jaxweight[notebooks]'" in notes[0]
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_metrics_writer_jsonl_and_tensorboard(tmp_path):
+    a = argparse.Namespace(out=str(tmp_path / "o"), tensorboard=None)
+    with C.metrics_writer(a) as w:
+        w.write(0, {"m/x": 1.0})
+    assert json.loads((tmp_path / "o" / "metrics.jsonl").read_text()) == {"step": 0, "m/x": 1.0}
+    pytest.importorskip("tensorboardX")
+    a.tensorboard = str(tmp_path / "tb")
+    with C.metrics_writer(a, append=True) as w:
+        w.write(1, {"m/x": 2.0})
+    assert len(_lines((tmp_path / "o" / "metrics.jsonl").read_text())) == 2
+    assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tb").iterdir())
+
+
+def test_timer_separates_compile_and_run():
+    import jax
+    import jax.numpy as jnp
+
+    t = C.Timer()
+    f = t.compile(jax.jit(lambda x: x * 2.0), jnp.ones(3))
+    with t.section("run"):
+        jax.block_until_ready(f(jnp.ones(3)))
+    assert t["compile"] > 0 and t["run"] > 0
+    assert set(t.as_dict()) == {"time/compile_s", "time/run_s"}
+    assert t.summary().startswith("compile ") and ", run " in t.summary()

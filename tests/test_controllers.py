@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from jaxweight import controllers as C
+from jaxweight._util import StateFileError
+from jaxweight.interop import maxent_grpo as MG
 from tests.contracts import assert_no_retrace, assert_vmap_matches_loop, check_state_contract
 
 SCHED = C.TauSchedule(target_entropy=0.8, learning_rate=0.1, minimum_value=0.05,
@@ -91,13 +93,14 @@ def test_tau_ema_and_log_step():
     np.testing.assert_allclose(f(s.tau), math.exp(log_tau), rtol=1e-5)
 
 
-def test_tau_nonfinite_entropy():
-    s = C.init_controller(0.5, 0.0)
-    s = C.update_tau(s, float("nan"), 5, SCHED)
-    assert f(s.tau) == 0.5
-    assert f(s.entropy_ema) == 0.5  # unset EMA with a non-finite measurement -> tau
-    s2 = C.update_tau(s, float("inf"), 6, SCHED)
-    assert f(s2.tau) == 0.5 and f(s2.entropy_ema) == 0.5
+def test_tau_nonfinite_entropy_leaves_state_exactly_unchanged():
+    fresh = C.init_controller(0.5, 0.0)
+    warm = C.update_tau(fresh, 1.2, 1, SCHED)
+    for s in (fresh, warm):
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            out = C.update_tau(s, bad, 5, SCHED)
+            for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(s)):
+                np.testing.assert_array_equal(a, b)
 
 
 def test_tau_tiny_error_updates_ema_only():
@@ -168,8 +171,10 @@ def test_kl_controller_rule(jit_or_eager):
 
 def test_kl_controller_inactive_and_floor():
     s = C.init_controller(0.5, 0.1)
-    for kl in (C.KLController(0.0, 10, 0.2), C.KLController(0.1, 0, 0.2), C.KLController(0.1, 10, 0.0)):
+    for kl in (C.KLController(0.0, 10, 0.2), C.KLController(0.0, 0, 0.2), C.KLController(0.1, 10, 0.0)):
         assert f(C.update_beta(s, 0.5, kl).beta) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="kl horizon"):  # an active controller needs a horizon >= 1
+        C.update_beta(s, 0.5, C.KLController(0.1, 0, 0.2))
     kl = C.KLController(0.1, 10, 0.2)
     assert f(C.update_beta(s, float("nan"), kl).beta) == pytest.approx(0.1)
     assert f(C.update_beta(s, float("inf"), kl).beta) == pytest.approx(0.1)
@@ -185,7 +190,7 @@ META = C.MetaController(enabled=True, learning_rate=0.1, tau_min=0.05, tau_max=2
 def test_meta_tau_and_beta_steps(jit_or_eager):
     upd = jit_or_eager(C.meta_update)
     s = C.init_controller(0.5, 0.1)
-    out, changed = upd(s, META, 1.0, 0.5)
+    out, changed = upd(s, 1.0, 0.5, META)
     assert bool(changed)
     np.testing.assert_allclose(f(out.tau), 0.4, rtol=1e-6)
     np.testing.assert_allclose(f(out.beta), 0.15, rtol=1e-6)  # plus sign
@@ -196,26 +201,26 @@ def test_meta_tau_and_beta_steps(jit_or_eager):
 
 def test_meta_bounds_and_projection():
     s = C.init_controller(0.5, 0.1)
-    lo, _ = C.meta_update(s, META, tau_grad=100.0)
+    lo, _ = C.meta_update(s, tau_grad=100.0, cfg=META)
     assert f(lo.tau) == pytest.approx(0.05) and bool(lo.tau_projected)
-    hi, _ = C.meta_update(s, META, tau_grad=-100.0)
+    hi, _ = C.meta_update(s, tau_grad=-100.0, cfg=META)
     assert f(hi.tau) == pytest.approx(2.0) and bool(hi.tau_projected)
-    nocap, _ = C.meta_update(s, META.replace(tau_max=0.0), tau_grad=-100.0)
+    nocap, _ = C.meta_update(s, tau_grad=-100.0, cfg=META.replace(tau_max=0.0))
     assert f(nocap.tau) == pytest.approx(10.5) and not bool(nocap.tau_projected)
-    neg, _ = C.meta_update(s, META, beta_grad=-100.0)
+    neg, _ = C.meta_update(s, beta_grad=-100.0, cfg=META)
     assert f(neg.beta) == 0.0 and bool(neg.beta_projected)
-    clipped, _ = C.meta_update(s, META.replace(beta_grad_clip=0.5), beta_grad=100.0)
+    clipped, _ = C.meta_update(s, beta_grad=100.0, cfg=META.replace(beta_grad_clip=0.5))
     np.testing.assert_allclose(f(clipped.beta), 0.1 + 0.1 * 0.5, rtol=1e-6)
     assert f(clipped.last_beta_grad) == 100.0  # the raw gradient is recorded
 
 
 def test_meta_learning_rates():
     s = C.init_controller(0.5, 0.1)
-    per, _ = C.meta_update(s, META.replace(tau_learning_rate=0.2, beta_learning_rate=0.3), 1.0, 1.0)
+    per, _ = C.meta_update(s, 1.0, 1.0, META.replace(tau_learning_rate=0.2, beta_learning_rate=0.3))
     np.testing.assert_allclose([f(per.tau), f(per.beta)], [0.3, 0.4], rtol=1e-6)
-    scaled, _ = C.meta_update(s, META, 1.0, 1.0, lr_scale=0.5)
+    scaled, _ = C.meta_update(s, 1.0, 1.0, META, lr_scale=0.5)
     np.testing.assert_allclose([f(scaled.tau), f(scaled.beta)], [0.45, 0.15], rtol=1e-6)
-    none, changed = C.meta_update(s, META.replace(learning_rate=0.0), 1.0, 1.0)
+    none, changed = C.meta_update(s, 1.0, 1.0, META.replace(learning_rate=0.0))
     assert not bool(changed) and f(none.tau) == 0.5 and f(none.beta) == pytest.approx(0.1)
 
 
@@ -223,7 +228,7 @@ def test_meta_inactive_cases():
     s = C.init_controller(0.5, 0.1).replace(denom=jnp.float32(0.6))
     for meta, g in [(META.replace(enabled=False), 1.0), (META.replace(method="zeroth_order"), 1.0),
                     (META, float("nan")), (META, None)]:
-        out, changed = C.meta_update(s, meta, g, g)
+        out, changed = C.meta_update(s, g, g, meta)
         assert not bool(changed)
         assert f(out.tau) == 0.5 and f(out.denom) == pytest.approx(0.6)
         assert f(out.last_tau_grad) == 0.0
@@ -279,12 +284,12 @@ def test_contract_meta_update(tmp_path):
     meta = typed(META)
     check_state_contract(
         init=lambda: C.init_controller(0.5, 0.1),
-        update=lambda s, m, g1, g2: C.meta_update(s, m, g1, g2),
-        update_args=(meta, jnp.float32(0.3), jnp.float32(-0.2)),
-        update_args_alt=(meta.replace(learning_rate=jnp.float32(0.5)), jnp.float32(1.0), jnp.float32(2.0)),
+        update=lambda s, g1, g2, m: C.meta_update(s, g1, g2, m),
+        update_args=(jnp.float32(0.3), jnp.float32(-0.2), meta),
+        update_args_alt=(jnp.float32(1.0), jnp.float32(2.0), meta.replace(learning_rate=jnp.float32(0.5))),
         batched_init=_batched_states,
-        batched_update_in_axes=(None, 0, 0),
-        batched_update_args=(meta, jnp.array([0.3, jnp.nan, 50.0]), jnp.array([-5.0, 0.1, jnp.inf])),
+        batched_update_in_axes=(0, 0, None),
+        batched_update_args=(jnp.array([0.3, jnp.nan, 50.0]), jnp.array([-5.0, 0.1, jnp.inf]), meta),
         tmp_path=tmp_path,
     )
 
@@ -318,27 +323,27 @@ def test_no_retrace_on_new_values():
 # ------------------------------------------------------------ persistence
 def test_state_dict_layout():
     s = C.init_controller(0.5, 0.1)
-    d = C.controller_state_dict(s)
+    d = MG.controller_state_dict(s)
     assert set(d) == {"beta", "tau", "tau_log", "tau_entropy_ema"}
     assert d["tau_entropy_ema"] == pytest.approx(0.5)  # unset EMA -> tau
-    s2, _ = C.meta_update(s, META, 0.3, 0.2)
-    d = C.controller_state_dict(s2, META)
+    s2, _ = C.meta_update(s, 0.3, 0.2, META)
+    d = MG.controller_state_dict(s2, META)
     assert d["meta"]["version"] == 1
     ctrl = d["meta"]["controller"]
     assert ctrl["last_tau_grad"] == pytest.approx(0.3) and ctrl["method"] == "analytic"
     assert {"enabled", "learning_rate", "update_interval", "use_hessian", "tau_min", "tau_max"} <= set(ctrl)
     json.dumps(d)
     with pytest.raises(ValueError, match="batch"):
-        C.controller_state_dict(_batched_states())
+        MG.controller_state_dict(_batched_states())
 
 
 def test_json_round_trip(tmp_path):
     s = C.update_tau(C.update_tau(C.init_controller(0.5, 0.1), 1.2, 0, SCHED), 1.2, 1, SCHED)
-    s, _ = C.meta_update(s, META, 0.25, -0.5)
-    path = tmp_path / "deep" / "dir" / C.CONTROLLER_STATE_FILENAME
-    C.save_controller_state(path, s, META)
+    s, _ = C.meta_update(s, 0.25, -0.5, META)
+    path = tmp_path / "deep" / "dir" / MG.CONTROLLER_STATE_FILENAME
+    MG.save_controller_state(path, s, META)
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left
-    back, meta = C.load_controller_state(path, return_meta=True)
+    back, meta = MG.load_controller_file(path)
     for k in ("tau", "beta", "log_tau", "entropy_ema", "last_tau_grad", "last_beta_grad"):
         np.testing.assert_allclose(f(getattr(back, k)), f(getattr(s, k)), rtol=1e-7, err_msg=k)
     # the maxent_grpo loader rule
@@ -351,15 +356,15 @@ def test_json_round_trip(tmp_path):
 
 def test_save_bare_filename(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    C.save_controller_state("controller_state.json", C.init_controller(0.5, 0.1))
-    assert f(C.load_controller_state("controller_state.json").tau) == pytest.approx(0.5)
+    MG.save_controller_state("controller_state.json", C.init_controller(0.5, 0.1))
+    assert f(MG.load_controller_state("controller_state.json").tau) == pytest.approx(0.5)
 
 
 def test_load_original_layout(tmp_path):
     """Files written by maxent_grpo: minimal, or with a meta payload and odd fields."""
     p = tmp_path / "c.json"
     p.write_text(json.dumps({"beta": 0.04, "tau": 0.3}))
-    s = C.load_controller_state(p)
+    s = MG.load_controller_state(p)
     assert f(s.log_tau) == pytest.approx(math.log(0.3), rel=1e-6)
     assert f(s.entropy_ema) == pytest.approx(0.3)
     assert f(s.denom) == pytest.approx(0.34, rel=1e-6)
@@ -367,7 +372,7 @@ def test_load_original_layout(tmp_path):
                              "meta": {"version": 1, "controller": {
                                  "enabled": True, "method": "first_order", "learning_rate": "bad",
                                  "update_interval": 0, "last_tau_grad": 0.7}}}))
-    s, meta = C.load_controller_state(p, return_meta=True)
+    s, meta = MG.load_controller_file(p)
     assert f(s.denom) == 1.0  # tau + beta <= 0 -> 1
     assert f(s.log_tau) == pytest.approx(math.log(1e-8), rel=1e-6)
     assert f(s.last_tau_grad) == pytest.approx(0.7)
@@ -385,10 +390,91 @@ def test_load_original_layout(tmp_path):
 def test_load_malformed(tmp_path, content, field):
     p = tmp_path / "bad.json"
     p.write_text(content)
-    with pytest.raises(ValueError, match=field):
-        C.load_controller_state(p)
+    with pytest.raises(StateFileError, match=field) as e:
+        MG.load_controller_state(p)
+    assert str(p) in str(e.value)
 
 
 def test_load_missing(tmp_path):
     with pytest.raises(FileNotFoundError):
-        C.load_controller_state(tmp_path / "nope.json")
+        MG.load_controller_state(tmp_path / "nope.json")
+
+
+# ------------------------------------------------------- config / init shape
+def test_config_and_init():
+    cfg = C.config(0.5, 0.04, schedule=SCHED, kl=C.KLController(0.05, 10, 0.2), meta=META)
+    for leaf in jax.tree.leaves(cfg):
+        assert isinstance(leaf, jax.Array) and leaf.dtype in (jnp.float32, jnp.int32, jnp.bool_), leaf
+    assert math.isnan(float(C.config(0.5, 0.0).schedule.target_entropy))  # unset target
+    s = C.init(cfg)
+    assert_trees_equal = lambda a, b: [np.testing.assert_array_equal(x, y)  # noqa: E731
+                                       for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]
+    assert_trees_equal(s, C.init_controller(0.5, 0.04))
+    assert f(C.init(C.config(0.5, 0.04, denom=0.7)).denom) == pytest.approx(0.7)
+    # a config gives the same updates as the bare settings objects
+    a = C.update_tau(s, 1.0, 1, cfg)
+    b = C.update_tau(s, 1.0, 1, SCHED)
+    assert_trees_equal(a, b)
+    assert_trees_equal(C.update_beta(s, 0.2, cfg), C.update_beta(s, 0.2, C.KLController(0.05, 10, 0.2)))
+    assert_trees_equal(C.meta_update(s, 0.3, 0.1, cfg)[0], C.meta_update(s, 0.3, 0.1, META)[0])
+    # update = tau then beta
+    both = C.update(s, 1.0, 1, cfg, measured_kl=0.2)
+    assert_trees_equal(both, C.update_beta(C.update_tau(s, 1.0, 1, cfg), 0.2, cfg))
+    assert_trees_equal(C.update(s, 1.0, 1, cfg), C.update_tau(s, 1.0, 1, cfg))
+
+
+def test_config_vmaps_and_never_recompiles():
+    cfgs = jax.vmap(lambda lr: C.config(0.5, 0.0, schedule=C.TauSchedule(target_entropy=0.8, learning_rate=lr,
+                                                                          warmup_steps=0)))(jnp.array([0.1, 0.5]))
+    s = C.init_controller(0.5, 0.0)
+    out = jax.vmap(lambda c: C.update_tau(s, 1.0, 1, c))(cfgs)
+    np.testing.assert_allclose(out.tau, [0.5 * math.exp(-0.02), 0.5 * math.exp(-0.1)], rtol=1e-5)
+    cfg = C.config(0.5, 0.0, schedule=SCHED)
+    assert_no_retrace(lambda s, h, c: C.update(s, h, 3, c), (s, jnp.float32(1.0), cfg),
+                      (s, jnp.float32(0.3), C.config(0.9, 0.1, schedule=SCHED.replace(learning_rate=0.7))))
+
+
+def test_config_refuses_wrong_types():
+    with pytest.raises(ValueError, match="schedule must be a controllers.TauSchedule"):
+        C.config(schedule=C.KLController())
+    with pytest.raises(ValueError, match="ControllerConfig"):
+        C.init(SCHED)
+    with pytest.raises(ValueError, match="ControllerConfig"):
+        C.update(C.init_controller(0.5, 0.0), 1.0, 1, SCHED)
+
+
+# ------------------------------------------------------------- deprecations
+def test_deprecated_meta_update_order():
+    s = C.init_controller(0.5, 0.1)
+    new = C.meta_update(s, 0.3, -0.2, META)
+    with pytest.deprecated_call():
+        old = C.meta_update(s, META, 0.3, -0.2)
+    for a, b in zip(jax.tree.leaves(old), jax.tree.leaves(new)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_deprecated_file_helpers_forward(tmp_path):
+    s, _ = C.meta_update(C.init_controller(0.5, 0.1), 0.3, 0.2, META)
+    with pytest.deprecated_call():
+        assert C.controller_state_dict(s, META) == MG.controller_state_dict(s, META)
+    path = tmp_path / "c.json"
+    with pytest.deprecated_call():
+        C.save_controller_state(path, s, META)
+    assert json.loads(path.read_text()) == MG.controller_state_dict(s, META)
+    with pytest.deprecated_call():
+        back = C.load_controller_state(path)
+    np.testing.assert_allclose(f(back.tau), f(MG.load_controller_state(path).tau))
+    with pytest.deprecated_call():
+        back, meta = C.load_controller_state(path, return_meta=True)
+    assert meta == MG.load_controller_file(path).meta
+    with pytest.deprecated_call():
+        assert META.to_state(s) == MG.meta_to_payload(META, s)
+    with pytest.deprecated_call():
+        assert C.MetaController.from_state({"learning_rate": 0.3}) == MG.meta_from_payload({"learning_rate": 0.3})
+
+
+def test_public_surface():
+    assert set(C.__all__) <= set(dir(C))
+    for name in ("save_controller_state", "load_controller_state", "controller_state_dict"):
+        assert name not in C.__all__  # deprecated: in jaxweight.interop.maxent_grpo
+    assert set(MG.__all__) <= set(dir(MG))

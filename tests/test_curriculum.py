@@ -177,16 +177,19 @@ def test_config_errors(kwargs, match):
         cur.config("uniform", 5, **kwargs)
 
 
-def test_config_clamps_and_leaves():
-    cfg = cur.config("easy_first", 5, capacity=10, temperature=0.001, ema_alpha=1.5)
+def test_config_clamps_temperature_refuses_bad_alpha_and_leaves():
+    # atropos's clamp max(0.01, T) is kept for positive temperatures; bad values are refused
+    cfg = cur.config("easy_first", 5, capacity=10, temperature=0.001, ema_alpha=1.0)
     assert float(cfg.temperature) == pytest.approx(0.01)
     assert float(cfg.ema_alpha) == 1.0
-    assert float(cur.config(capacity=10, ema_alpha=-2.0).ema_alpha) == 0.0
+    for kw in ({"ema_alpha": 1.5}, {"ema_alpha": -2.0}, {"temperature": 0.0}, {"temperature": -1.0}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            cur.config(capacity=10, **kw)
     for name in ("temperature", "ema_alpha", "competence_threshold", "competence_c0", "staleness_coeff"):
         leaf = getattr(cfg, name)
         assert leaf.dtype == jnp.float32 and leaf.shape == () and not leaf.weak_type
     assert cfg.rebin_interval.dtype == jnp.int32 and not cfg.rebin_interval.weak_type
-    # the clamps apply again at use: a traced / replaced value obeys them
+    # the clamps apply again at use: a replaced value obeys them
     raw = cfg.replace(temperature=jnp.float32(0.0), ema_alpha=jnp.float32(2.0))
     np.testing.assert_allclose(
         cur.bin_probabilities(raw, 0, 1), cur.bin_probabilities(cfg, 0, 1), rtol=1e-6)

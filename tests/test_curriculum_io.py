@@ -1,4 +1,4 @@
-"""jaxweight.curriculum: metrics, KeyIndex, atropos JSON layout, checkpoints, contracts, demo."""
+"""jaxweight.curriculum: metrics, atropos JSON layout (interop.atropos), checkpoints, contracts, demo."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 from jaxweight import checkpoint
 from jaxweight import curriculum as cur
+from jaxweight.interop import atropos
 from tests.contracts import assert_trees_close, check_state_contract
 from tests.test_curriculum import AtroposRef
 
@@ -24,7 +25,7 @@ def run_ref_and_state(n_updates=80, n_bins=5, seed=0):
     cfg = cur.config("easy_first", n_bins, capacity=N, temperature=0.8, ema_alpha=0.4,
                      competence_threshold=0.6)
     ref = AtroposRef(n_bins, float(cfg.ema_alpha), store_lazy=True)
-    keys = cur.KeyIndex(N)
+    keys = atropos.KeyIndex(N)
     s = cur.init(cfg)
     for _ in range(n_updates):
         k = f"item-{int(rng.integers(0, 8))}"
@@ -66,7 +67,7 @@ def test_metrics_dict_empty_and_without_boundaries():
 
 # ==================================================================== KeyIndex
 def test_key_index():
-    k = cur.KeyIndex(3)
+    k = atropos.KeyIndex(3)
     np.testing.assert_array_equal(k.ids(["b", "a", "b"]), [0, 1, 0])
     assert k.ids(["a", "zz"], add=False).tolist() == [1, -1] and len(k) == 2
     assert k.ids("c").shape == () and k.ids("c") == 2
@@ -86,7 +87,7 @@ def test_key_index():
 # ================================================================ persistence
 def test_state_dict_atropos_layout_and_roundtrip(tmp_path):
     cfg, s, ref, keys = run_ref_and_state()
-    d = cur.state_dict(s, cfg, keys)
+    d = atropos.state_dict(s, cfg, keys)
     assert list(d)[:8] == ["strategy", "n_bins", "temperature", "ema_alpha", "competence_threshold",
                            "item_scores", "bin_boundaries", "last_rebin_count"]
     assert d["strategy"] == "easy_first" and d["n_bins"] == 5
@@ -101,8 +102,8 @@ def test_state_dict_atropos_layout_and_roundtrip(tmp_path):
     assert jw["total_updates"] == ref.total and jw["priority"] == "frontier"
     json.dumps(d)  # JSON-serialisable as is
     # file round trip (atomic write)
-    path = cur.save_json(tmp_path / "sub" / "cur.json", s, cfg, keys)
-    cfg2, s2, keys2 = cur.load_json(path, N)
+    path = atropos.save_json(tmp_path / "sub" / "cur.json", s, cfg, keys)
+    cfg2, s2, keys2 = atropos.load_json(path, N)
     assert keys2.keys() == keys.keys()
     assert_trees_close(s2, s)
     assert_trees_close(cfg2, cfg)
@@ -114,9 +115,9 @@ def test_state_dict_with_integer_keys_roundtrip():
     cfg = cur.config("prioritized", 3, capacity=N, rebin_interval=2, staleness_coeff=0.6,
                      competence_c0=0.3, priority="hard")
     s = cur.update(cur.init(cfg), np.array([7, 2, 7]), np.array([0.1, 0.9, 0.3], F32), cfg)
-    d = json.loads(json.dumps(cur.state_dict(s, cfg)))
+    d = json.loads(json.dumps(atropos.state_dict(s, cfg)))
     assert set(d["item_scores"]) == {"2", "7"}
-    cfg2, s2, keys2 = cur.load_state_dict(d, N)
+    cfg2, s2, keys2 = atropos.load_state_dict(d, N)
     assert keys2 is None
     assert_trees_close(s2, s)
     assert_trees_close(cfg2, cfg)
@@ -126,15 +127,15 @@ def test_state_dict_with_integer_keys_roundtrip():
 def test_load_plain_atropos_dict_gives_same_bins_difficulties_metrics():
     cfg, s, ref, keys = run_ref_and_state(n_updates=120, seed=3)
     # what atropos's state_dict() returns (tuples, no jaxweight block), before and after JSON
-    atropos = {
+    plain = {
         "strategy": "easy_first", "n_bins": 5, "temperature": 0.8, "ema_alpha": 0.4,
         "competence_threshold": 0.6,
         "item_scores": {f"q{k}": (float(e), c) for k, (e, c) in ref.items.items()},
         "bin_boundaries": [float(b) for b in ref.bounds],
         "last_rebin_count": ref.last_rebin,
     }
-    for d in (atropos, json.loads(json.dumps(atropos))):
-        cfg2, s2, keys2 = cur.load_state_dict(d, 20)
+    for d in (plain, json.loads(json.dumps(plain))):
+        cfg2, s2, keys2 = atropos.load_state_dict(d, 20)
         assert cfg2.capacity == 20 and int(cfg2.rebin_interval) == 50
         ids = keys2.ids([f"q{k}" for k in ref.items], add=False)
         ema, tracked = cur.difficulty(s2, ids)
@@ -152,17 +153,17 @@ def test_load_state_dict_errors_and_nonfinite():
     base = {"strategy": "uniform", "n_bins": 2, "temperature": 1.0, "ema_alpha": 0.3,
             "competence_threshold": 0.5, "item_scores": {"a": [0.5, 1], "b": [float("nan"), 2]},
             "bin_boundaries": [], "last_rebin_count": 0}
-    cfg, s, keys = cur.load_state_dict(base, 4)
+    cfg, s, keys = atropos.load_state_dict(base, 4)
     assert keys.keys() == ["a"] and int(s.total_updates) == 1  # the NaN item is dropped
     with pytest.raises(ValueError, match="more than capacity"):
-        cur.load_state_dict(base, 1)
+        atropos.load_state_dict(base, 1)
     with pytest.raises(ValueError) as e:
-        cur.load_state_dict({**base, "strategy": "nope"}, 4)
-    assert str(e.value).startswith("Invalid curriculum strategy 'nope'. Must be one of: [")
+        atropos.load_state_dict({**base, "strategy": "nope"}, 4)
+    assert str(e.value).startswith("state dict: Invalid curriculum strategy 'nope'. Must be one of: [")
     with pytest.raises(ValueError, match="bin_boundaries"):
-        cur.load_state_dict({**base, "bin_boundaries": [1.0]}, 4)
+        atropos.load_state_dict({**base, "bin_boundaries": [1.0]}, 4)
     with pytest.raises(ValueError, match="count"):
-        cur.load_state_dict({**base, "item_scores": {"a": [0.5, 0]}}, 4)
+        atropos.load_state_dict({**base, "item_scores": {"a": [0.5, 0]}}, 4)
 
 
 def test_checkpoint_roundtrip_state_and_config(tmp_path):
@@ -216,13 +217,19 @@ def test_donated_update_and_step():
     out = cur.update_jit(s_in, jnp.array([1, 2]), jnp.array([0.3, 0.6], jnp.float32), cfg)
     assert s_in.ema.is_deleted() and s_in.count.is_deleted()  # the pool was donated
     assert_trees_close(out, ref)
-    out2, items = cur.step_jit(out, jax.random.key(0), jnp.array([3]), jnp.array([0.1], jnp.float32),
-                               cfg, 0, 10, num=5)
+    out2, step_out = cur.step_jit(out, jax.random.key(0), jnp.array([3, 99]),
+                                  jnp.array([0.1, 0.2], jnp.float32), cfg, 0, 10, num=5)
+    items = step_out.item_ids
     assert out.ema.is_deleted() and items.shape == (5,) and int(out2.count[3]) == 1
-    want_state, want_items = cur.step(ref, jax.random.key(0), jnp.array([3]),
-                                      jnp.array([0.1], jnp.float32), cfg, 0, 10, 5)
+    # under jit the out-of-range id 99 is skipped and counted
+    assert step_out.to_dict() == {"curriculum/n_applied": 1.0, "curriculum/n_invalid": 1.0,
+                                  "curriculum/n_nonfinite": 0.0, "curriculum/n_out_of_range": 1.0}
+    want_state, want_out = cur.step(ref, jax.random.key(0), jnp.array([3]),
+                                    jnp.array([0.1], jnp.float32), cfg, 0, 10, 5)
     assert_trees_close(out2, want_state)
-    np.testing.assert_array_equal(items, want_items)
+    np.testing.assert_array_equal(items, want_out.item_ids)
+    sampled = cur.sample(want_state, jax.random.key(0), cfg, 0, 10, 5)
+    np.testing.assert_array_equal(sampled, items)
 
 
 @pytest.mark.smoke
@@ -238,3 +245,68 @@ def test_demo_quick(tmp_path, capsys):
     assert (tmp_path / "curriculum_learning_curves.png").stat().st_size > 0
     res = json.loads((tmp_path / "curriculum_results.json").read_text())
     assert set(res["strategies"]) == {"uniform", "prioritized"}
+    assert res["time"]["time/compile_s"] > 0 and res["time"]["time/run_s"] > 0
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == res["steps"]
+    assert "curriculum/prioritized/mastered" in json.loads(lines[-1])
+
+
+@pytest.mark.parametrize("argv", [["--seeds", "0"], ["--strategies", "hardest"], ["--seed", "-1"]])
+def test_demo_bad_flags_exit_2(argv, capsys):
+    from jaxweight.demos import curriculum as demo
+
+    with pytest.raises(SystemExit) as e:
+        demo.main(argv)
+    assert e.value.code == 2 and "error: argument" in capsys.readouterr().err
+
+
+# ========================================================= deprecated aliases
+def test_deprecated_sample_items_forwards_to_sample():
+    cfg = cur.config("easy_first", 5, capacity=N)
+    s = cur.update(cur.init(cfg), np.arange(N), np.linspace(0, 1, N).astype(F32), cfg)
+    with pytest.deprecated_call(match="use jaxweight.curriculum.sample"):
+        old = cur.sample_items(jax.random.key(4), s, cfg, 3, 10, 16)
+    np.testing.assert_array_equal(old, cur.sample(s, jax.random.key(4), cfg, 3, 10, 16))
+
+
+def test_deprecated_key_index_forwards():
+    with pytest.deprecated_call(match="interop.atropos.KeyIndex"):
+        k = cur.KeyIndex(4, ["a", "b"])
+    assert isinstance(k, atropos.KeyIndex) and k.keys() == ["a", "b"]
+
+
+def test_deprecated_state_dict_and_load_state_dict_forward():
+    cfg, s, _, keys = run_ref_and_state(n_updates=20)
+    with pytest.deprecated_call(match="interop.atropos.state_dict"):
+        d = cur.state_dict(s, cfg, keys)
+    assert d == atropos.state_dict(s, cfg, keys)
+    with pytest.deprecated_call(match="interop.atropos.load_state_dict"):
+        cfg2, s2, keys2 = cur.load_state_dict(d, N)
+    assert_trees_close(s2, s)
+    assert keys2.keys() == keys.keys()
+
+
+def test_deprecated_save_json_and_load_json_forward(tmp_path):
+    cfg, s, _, keys = run_ref_and_state(n_updates=20)
+    with pytest.deprecated_call(match="interop.atropos.save_json"):
+        path = cur.save_json(tmp_path / "old.json", s, cfg, keys)
+    new = atropos.save_json(tmp_path / "new.json", s, cfg, keys)
+    assert path.read_text() == new.read_text()
+    with pytest.deprecated_call(match="interop.atropos.load_json"):
+        cfg2, s2, _ = cur.load_json(path, N)
+    assert_trees_close(s2, s)
+    assert_trees_close(cfg2, cfg)
+
+
+def test_init_accepts_and_ignores_a_key():
+    cfg = cur.config("uniform", 5, capacity=N)
+    assert_trees_close(cur.init(cfg, jax.random.key(0)), cur.init(cfg))
+    with pytest.raises(ValueError, match="cfg must be a CurriculumConfig"):
+        cur.init(jax.random.key(0), cfg)
+
+
+def test_public_surface():
+    assert set(cur.__all__) <= set(dir(cur))
+    assert not any(n.startswith("_") for n in cur.__all__)
+    for name in ("update_jit", "step_jit"):
+        assert name in (cur.update.__doc__ + cur.__doc__)

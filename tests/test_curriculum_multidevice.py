@@ -52,12 +52,12 @@ def test_sharded_pool_matches_single_device(devices8):
     for k, v in m1.items():  # a float sum over shards may round differently
         assert ms[k] == (pytest.approx(v, rel=1e-6) if k.endswith("mean_difficulty") else v), k
     # sampling: the same draws, for a bin strategy and for prioritized (same state layout)
-    draw = jax.jit(cur.sample_items, static_argnames="num")
+    draw = jax.jit(cur.sample, static_argnames="num")
     key = jax.random.key(3)
     eligible = jnp.arange(N) % 5 != 0
     for c in (cfg, cur.config("prioritized", 5, capacity=N, temperature=0.7)):
-        a = draw(key, sharded, c, 300, 1000, num=256, eligible=eligible)
-        b = draw(key, single, c, 300, 1000, num=256, eligible=eligible)
+        a = draw(sharded, key, c, 300, 1000, num=256, eligible=eligible)
+        b = draw(single, key, c, 300, 1000, num=256, eligible=eligible)
         np.testing.assert_array_equal(a, b)
         assert np.all(np.asarray(eligible)[np.asarray(a)])
 

@@ -126,7 +126,7 @@ def test_data_parallel_reward_step_matches_one_process(results):
         ref, metrics = step(ref, pairs, prefs, mask)
     moved = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()), ref.params, state.params)
     assert max(jax.tree.leaves(moved)) > 1e-3  # the steps really changed the params
-    g, _ = jax.jit(minibatch_grad, static_argnums=0)(trainer.config, state.hparams, state.params, pairs, prefs, mask)
+    g, _ = jax.jit(minibatch_grad, static_argnums=4)(state.params, pairs, prefs, mask, trainer.config, state.hparams)
     g_max = max(float(np.abs(np.asarray(x)).max()) for x in jax.tree.leaves(g))
     assert float(np.abs(np.asarray(g["params"]["dense_final"]["bias"])).max()) <= 1e-6 * g_max
     flat = jax.tree_util.tree_flatten_with_path(ref.params)[0]

@@ -15,7 +15,12 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxweight import checkpoint, sync
-from jaxweight.sync import SyncState, WeightSync, apply_update_map, init_sync, resolve_path, tick
+from jaxweight.sync import SyncState, WeightSync, apply_update_map, config, resolve_path, tick
+
+
+def init_sync():
+    """A fresh state (the config does not change it)."""
+    return sync.init(config(1))
 from tests.contracts import assert_trees_close, check_state_contract
 
 
@@ -38,7 +43,7 @@ def _ptr(x):
 # ------------------------------------------------------------ spec section 5
 def test_example1_fire_pattern_interval3(jit_or_eager):
     """Spec 5.1: interval 3 over 9 ticks -> cumulative fires [0,0,1,1,1,2,2,2,3]."""
-    f = jit_or_eager(lambda s, l, a: tick(s, l, a, 3))
+    f = jit_or_eager(lambda s, l, a: tick(s, l, a, config(3)))
     learner = _params()
     state, actor = init_sync(), learner
     cumulative = []
@@ -53,23 +58,23 @@ def test_example2_interval_zero_raises():
     """Spec 5.2: tick(..., interval=0) and WeightSync(0) raise ValueError."""
     p = _params()
     with pytest.raises(ValueError, match=r"^interval must be >= 1, got 0$"):
-        tick(init_sync(), p, p, 0)
+        tick(init_sync(), p, p, config(0))
     with pytest.raises(ValueError, match=r"^interval must be >= 1, got 0$"):
         WeightSync(0)
     with pytest.raises(ValueError, match=r"interval must be >= 1, got -2"):
-        tick(init_sync(), p, p, -2)
+        tick(init_sync(), p, p, config(-2))
     with pytest.raises(ValueError, match="interval"):
         WeightSync(2.5)
     with pytest.raises(ValueError, match="interval"):
-        jax.jit(lambda s: tick(s, p, p, 0))(init_sync())
+        jax.jit(lambda s: tick(s, p, p, config(0)))(init_sync())
 
 
 def test_example3_same_device_sees_new_bias_without_fire():
     """Spec 5.3: change a learner bias, tick without a fire: the actor already shows it."""
     learner = _params()
-    state, actor, fired = tick(init_sync(), learner, learner, 5)
+    state, actor, fired = tick(init_sync(), learner, learner, config(5))
     learner2 = {**learner, "dense": {**learner["dense"], "bias": jnp.asarray([7.0, -1.0], jnp.float32)}}
-    state, actor, fired = tick(state, learner2, actor, 5)
+    state, actor, fired = tick(state, learner2, actor, config(5))
     assert not bool(fired)
     np.testing.assert_array_equal(actor["dense"]["bias"], [7.0, -1.0])
     # no copy: the very same arrays
@@ -98,7 +103,7 @@ def test_example4_restore_counter_mid_interval():
 @pytest.mark.parametrize("interval", [1, 2, 4, 7])
 def test_fire_pattern_several_intervals(interval, jit_or_eager):
     n = 15
-    f = jit_or_eager(lambda s, l, a: tick(s, l, a, interval, copy_on_same_device=True))
+    f = jit_or_eager(lambda s, l, a: tick(s, l, a, config(interval, copy_on_same_device=True)))
     hook = WeightSync(interval, copy_on_same_device=True)
     p = _params()
     state, actor, hactor = init_sync(), jax.device_put(p, may_alias=False), jax.device_put(p, may_alias=False)
@@ -120,7 +125,7 @@ def test_fire_pattern_several_intervals(interval, jit_or_eager):
 def test_copy_on_same_device_lags_exactly(jit_or_eager):
     """The actor holds the learner of the last fire; it changes only on fires."""
     k = 3
-    f = jit_or_eager(lambda s, l, a: tick(s, l, a, k, copy_on_same_device=True))
+    f = jit_or_eager(lambda s, l, a: tick(s, l, a, config(k, copy_on_same_device=True)))
     learner = _params()
     state, actor = init_sync(), jax.device_put(learner, may_alias=False)
     history = {0: learner}
@@ -137,7 +142,7 @@ def test_same_device_every_tick_is_learner_and_counters_advance():
     state, actor = init_sync(), learner
     for step in range(1, 7):
         learner = _bump(learner)
-        state, actor, fired = tick(state, learner, actor, 2)
+        state, actor, fired = tick(state, learner, actor, config(2))
         assert all(a is b for a, b in zip(jax.tree.leaves(actor), jax.tree.leaves(learner)))
         assert int(state.counter) == step and int(state.version) == step // 2
 
@@ -145,7 +150,7 @@ def test_same_device_every_tick_is_learner_and_counters_advance():
 def test_same_device_when_placement_equals_learner_layout():
     """Outside jit, a placement equal to the learner's current layout means no copy."""
     learner = jax.device_put(_params(), jax.devices()[0])
-    _, actor, _ = tick(init_sync(), learner, learner, 1, placement=jax.devices()[0])
+    _, actor, _ = tick(init_sync(), learner, learner, config(1, placement=jax.devices()[0]))
     assert all(a is b for a, b in zip(jax.tree.leaves(actor), jax.tree.leaves(learner)))
 
 
@@ -153,7 +158,7 @@ def test_same_device_update_map_aliases_learner_leaves():
     learner = {"loss_module": {"actor_network": _params()}, "critic": jnp.ones(4)}
     actor = {"policy": jax.device_put(_params(), may_alias=False), "eps": jnp.asarray(0.1, jnp.float32)}
     umap = {"policy": "loss_module.actor_network"}
-    state, out, fired = tick(init_sync(), learner, actor, 10, update_map=umap)
+    state, out, fired = tick(init_sync(), learner, actor, config(10, update_map=umap))
     assert not bool(fired)
     assert all(a is b for a, b in zip(jax.tree.leaves(out["policy"]),
                                       jax.tree.leaves(learner["loss_module"]["actor_network"])))
@@ -170,7 +175,7 @@ def test_device_placement_lags_and_lives_on_actor_device(devices8):
     for step in range(1, 6):
         learner = _bump(learner)
         history[step] = learner
-        state, actor, fired = tick(state, learner, actor, k, placement=actor_dev)
+        state, actor, fired = tick(state, learner, actor, config(k, placement=actor_dev))
         assert bool(fired) == (step % k == 0)
         assert_trees_close(actor, history[(step // k) * k])
         assert all(x.devices() == {actor_dev} for x in jax.tree.leaves(actor))
@@ -183,13 +188,13 @@ def test_sharding_and_pytree_of_shardings_placement(devices8):
     learner = jax.device_put({"w": jnp.arange(8.0), "b": jnp.ones(3)}, devices8[0])
     # one Sharding for the whole tree
     a1 = jax.device_put(learner, rep)
-    _, a1, fired = tick(init_sync(), _bump(learner), a1, 1, placement=rep)
+    _, a1, fired = tick(init_sync(), _bump(learner), a1, config(1, placement=rep))
     assert bool(fired) and all(x.sharding.is_equivalent_to(rep, x.ndim) for x in jax.tree.leaves(a1))
     np.testing.assert_array_equal(a1["w"], np.arange(8.0) + 1)
     # a pytree of Shardings
     pl = {"w": row, "b": rep}
     a2 = jax.device_put(learner, pl)
-    _, a2, fired = tick(init_sync(), _bump(learner), a2, 1, placement=pl)
+    _, a2, fired = tick(init_sync(), _bump(learner), a2, config(1, placement=pl))
     assert a2["w"].sharding.is_equivalent_to(row, 1) and a2["b"].sharding.is_equivalent_to(rep, 1)
     assert len(a2["w"].addressable_shards) == 4 and a2["w"].addressable_shards[0].data.shape == (2,)
     np.testing.assert_array_equal(a2["b"], np.full(3, 2.0))
@@ -208,7 +213,7 @@ def test_one_device_put_for_the_whole_tree(devices8, monkeypatch, leaf_shape):
     learner = jax.device_put({f"l{i}": jnp.full(leaf_shape, float(i)) for i in range(n)}, devices8[0])
     actor = jax.device_put(learner, devices8[1])
     monkeypatch.setattr(jax, "device_put", counting)
-    state, actor, fired = tick(init_sync(), learner, actor, 1, placement=devices8[1])
+    state, actor, fired = tick(init_sync(), learner, actor, config(1, placement=devices8[1]))
     assert bool(fired) and len(calls) == 1
     assert_trees_close(actor, learner)
     hook = WeightSync(1, placement=devices8[1], donate=False)
@@ -235,7 +240,7 @@ def test_packed_transfer_keeps_dtypes_shapes_and_values(devices8):
     assert_trees_close(actor, learner)
     for x in jax.tree.leaves(actor):
         assert x.devices() == {devices8[2]}
-    state, actor2, _ = tick(init_sync(), _bump_numeric(learner), actor, 1, placement=devices8[2])
+    state, actor2, _ = tick(init_sync(), _bump_numeric(learner), actor, config(1, placement=devices8[2]))
     assert_trees_close(actor2, _bump_numeric(learner))
     # typed PRNG keys cannot be packed: such trees take the direct path
     with_key = {**learner, "key": jax.device_put(jax.random.key(3), devices8[0])}
@@ -255,26 +260,30 @@ def test_jit_sharding_constraint_and_donation(devices8):
     pl = {"w": row, "b": rep}
     learner = jax.device_put({"w": jnp.arange(8.0), "b": jnp.ones(2)}, rep)
     actor = jax.device_put(learner, pl)
-    step = sync.make_tick(2, placement=pl)
-    state = init_sync()
+    cfg = config(2, placement=pl)
+    state = sync.init(cfg)
     for i in range(1, 5):
         learner = _bump(learner)
         old = actor
-        state, actor, fired = step(state, learner, actor)
+        state, actor, fired = sync.donated_tick(state, learner, actor, cfg)
         assert bool(fired) == (i % 2 == 0)
         assert old["w"].is_deleted()  # donated
         assert actor["w"].sharding.is_equivalent_to(row, 1)
         np.testing.assert_array_equal(actor["w"], np.arange(8.0) + 2 * (i // 2))
 
 
-def test_make_tick_does_not_donate_an_actor_that_aliases_the_learner(devices8):
+def test_donated_tick_does_not_donate_an_actor_that_aliases_the_learner(devices8):
     """place() of a tree already at the placement aliases it; donating that would hit the learner."""
     mesh = jax.make_mesh((4,), ("a",), devices=devices8[:4])
     rep = NamedSharding(mesh, P())
     learner = jax.device_put({"w": jnp.arange(8.0)}, rep)
     actor = sync.place(learner, rep)
     assert sync._shares_buffers(actor, learner)
-    step = sync.make_tick(2, placement=rep)
+    cfg = config(2, placement=rep)
+
+    def step(s, lp, ap):
+        return sync.donated_tick(s, lp, ap, cfg)
+
     state, a1, _ = step(init_sync(), learner, actor)
     assert not learner["w"].is_deleted() and not actor["w"].is_deleted()
     state, a2, fired = step(state, _bump(learner), a1)
@@ -296,9 +305,9 @@ def test_weightsync_donates_old_actor_but_never_the_learner(devices8):
     assert hook.fired and all(x.is_deleted() for x in jax.tree.leaves(actor))
     assert not any(x.is_deleted() for x in jax.tree.leaves(learner) + jax.tree.leaves(a2))
     # tick does not donate unless asked
-    _, a3, _ = tick(init_sync(), learner, a2, 1, placement=devices8[2])
+    _, a3, _ = tick(init_sync(), learner, a2, config(1, placement=devices8[2]))
     assert not any(x.is_deleted() for x in jax.tree.leaves(a2))
-    _, _, _ = tick(init_sync(), learner, a3, 1, placement=devices8[2], donate_actor=True)
+    _, _, _ = tick(init_sync(), learner, a3, config(1, placement=devices8[2], donate=True))
     assert all(x.is_deleted() for x in jax.tree.leaves(a3))
 
 
@@ -353,7 +362,7 @@ def test_place_initial_actor(devices8):
 def test_bad_placement_rejected():
     p = _params()
     with pytest.raises(ValueError, match="placement must be"):
-        tick(init_sync(), p, p, 1, placement="cpu:1")
+        tick(init_sync(), p, p, config(1, placement="cpu:1"))
     with pytest.raises(ValueError, match="placement must be"):
         WeightSync(1, placement={"a": 3})
 
@@ -364,24 +373,24 @@ def test_tree_mismatch_names_first_path():
     q = {**p, "dense": {**p["dense"], "bias": jnp.zeros((3,), jnp.float32)}}
     want = r"first mismatch at 'dense\.bias': shape \(2,\) in learner_params vs \(3,\) in actor_params"
     with pytest.raises(ValueError, match=want):
-        tick(init_sync(), p, q, 2)
+        tick(init_sync(), p, q, config(2))
     q = {**p, "step": jnp.asarray(0, jnp.int16)}
     with pytest.raises(ValueError, match=r"'step': dtype int32 in learner_params vs int16 in actor_params"):
-        tick(init_sync(), p, q, 2, copy_on_same_device=True)
+        tick(init_sync(), p, q, config(2, copy_on_same_device=True))
     q = {k: v for k, v in p.items() if k != "batch_stats"}
     with pytest.raises(ValueError, match=r"'batch_stats': present in learner_params only"):
         WeightSync(2)(p, q)
     q = {**p, "layers": [jnp.ones(2), jnp.ones(3)]}
     r = {**p, "layers": [jnp.ones(2), jnp.ones(4)]}
     with pytest.raises(ValueError, match=r"'layers\[1\]': shape \(3,\) in learner_params vs \(4,\) in actor_params"):
-        jax.jit(lambda s: tick(s, q, r, 2))(init_sync())
+        jax.jit(lambda s: tick(s, q, r, config(2)))(init_sync())
 
 
 def test_batched_state_without_vmap_rejected():
     states = jax.vmap(lambda _: init_sync())(jnp.arange(3))
     p = _params()
     with pytest.raises(ValueError, match="vmap"):
-        tick(states, p, p, 2)
+        tick(states, p, p, config(2))
 
 
 # -------------------------------------------------------------- path maps
@@ -484,7 +493,7 @@ def test_contract(tmp_path):
     learner, actor = _params(), _params(0.0)
     check_state_contract(
         init=init_sync,
-        update=lambda s, l, a: tick(s, l, a, 3, copy_on_same_device=True),
+        update=lambda s, l, a: tick(s, l, a, config(3, copy_on_same_device=True)),
         update_args=(learner, actor),
         update_args_alt=(_bump(learner, 2.0), _bump(actor, 3.0)),
         batched_init=lambda: jax.vmap(lambda c: init_sync().replace(counter=c))(jnp.arange(4, dtype=jnp.int32)),
@@ -497,7 +506,7 @@ def test_vmap_over_sync_states_with_per_actor_params():
     states = jax.vmap(lambda c: init_sync().replace(counter=c))(counters)
     learner = _params(2.0)
     actors = jax.vmap(lambda i: _params(0.0))(jnp.arange(4))
-    new, actors2, fired = jax.jit(jax.vmap(lambda s, a: tick(s, learner, a, 3, copy_on_same_device=True),
+    new, actors2, fired = jax.jit(jax.vmap(lambda s, a: tick(s, learner, a, config(3, copy_on_same_device=True)),
                                            in_axes=(0, 0)))(states, actors)
     np.testing.assert_array_equal(fired, [False, False, True, True])
     np.testing.assert_array_equal(new.version, [0, 0, 1, 1])
@@ -509,7 +518,7 @@ def test_tick_inside_scan_loop():
     def body(carry, _):
         state, learner, actor = carry
         learner = _bump(learner)
-        state, actor, fired = tick(state, learner, actor, 4, copy_on_same_device=True)
+        state, actor, fired = tick(state, learner, actor, config(4, copy_on_same_device=True))
         return (state, learner, actor), actor["dense"]["bias"][0]
 
     p = _params(0.0)
@@ -521,10 +530,11 @@ def test_tick_inside_scan_loop():
 def test_static_hashable_update_map_under_jit():
     learner = {"net": {"w": jnp.ones(3)}}
     actor = {"pol": {"w": jnp.zeros(3)}}
-    f = jax.jit(tick, static_argnames=("interval", "placement", "update_map", "copy_on_same_device"))
-    umap = sync.freeze_update_map({"pol": "net"})
-    s, a, fired = f(init_sync(), learner, actor, interval=1, update_map=umap, copy_on_same_device=True)
+    f = jax.jit(tick)  # the config is a jit argument: its map and placement are static, hashable
+    cfg = config(1, update_map={"pol": "net"}, copy_on_same_device=True)
+    s, a, fired = f(init_sync(), learner, actor, cfg)
     np.testing.assert_array_equal(a["pol"]["w"], np.ones(3))
+    assert hash(cfg.update_map) == hash(config(1, update_map=[("pol", "net")]).update_map)
 
 
 def test_sync_state_checkpoint_inside_training_state(tmp_path):
@@ -536,7 +546,7 @@ def test_sync_state_checkpoint_inside_training_state(tmp_path):
     p = _params()
     s = init_sync()
     for _ in range(7):
-        s, _, _ = tick(s, p, p, 3)
+        s, _, _ = tick(s, p, p, config(3))
     ts = Train(params=p, sync=s)
     checkpoint.save(tmp_path / "t.ckpt", ts)
     back = checkpoint.load(tmp_path / "t.ckpt", Train(params=_params(0.0), sync=init_sync()))
@@ -576,7 +586,7 @@ def test_hook_state_setter_and_metrics():
     s = init_sync()
     p = _params()
     for _ in range(6):
-        s, _, _ = tick(s, p, p, 4)
+        s, _, _ = tick(s, p, p, config(4))
     hook.state = s
     assert hook.state_dict() == {"counter": 6, "version": 1, "last_sync": 4}
     hook(p, p)
@@ -654,3 +664,86 @@ def test_bench_sync_quick_runs(tmp_path):
     assert len(cross) == 2 and all(rec["gbytes_per_s"] > 0 and rec["ratio"] > 0 for rec in cross)
     fractions = [rec for rec in recs.values() if "fraction" in rec]
     assert len(fractions) == 4 and all(rec["interval"] == sync.DEFAULT_INTERVAL for rec in fractions)
+
+
+# ------------------------------------------------------ new pair, metrics, deprecated aliases
+def test_metrics_dict_and_one_staleness_definition():
+    cfg = config(3)
+    s = sync.init(cfg)
+    hook = WeightSync(3)
+    p = _params()
+    for _ in range(4):
+        s, _, _ = tick(s, p, p, cfg)
+        hook(p, p)
+    assert sync.metrics_dict(s) == {"sync/version": 1.0, "sync/staleness": 1.0, "sync/counter": 4.0}
+    assert int(s.staleness) == int(sync.staleness(s)) == hook.staleness == 1
+    assert hook.metrics()["sync/staleness"] == sync.metrics_dict(hook.state)["sync/staleness"]
+    # batched states: means
+    states = jax.vmap(lambda c: sync.init(cfg).replace(counter=c))(jnp.asarray([2, 4], jnp.int32))
+    assert sync.metrics_dict(states)["sync/counter/mean"] == 3.0
+
+
+def test_interval_is_a_leaf_new_values_do_not_recompile():
+    p = _params()
+    traces = []
+
+    @jax.jit
+    def f(s, cfg):
+        traces.append(1)
+        return tick(s, p, p, cfg)
+
+    for iv in (2, 3, 5):
+        s = sync.init(config(iv))
+        for _ in range(6):
+            s, _, fired = f(s, config(iv))
+        assert int(s.version) == 6 // iv
+    assert len(traces) == 1
+    # and vmappable over stacked configs
+    cfgs = jax.tree.map(lambda *x: jnp.stack(x), config(2), config(3))
+    s0 = jax.vmap(lambda _: sync.init(config(1)))(jnp.arange(2))
+    s1, _, fired = jax.vmap(lambda s, c: tick(s, p, p, c))(s0.replace(counter=jnp.asarray([1, 2], jnp.int32)), cfgs)
+    np.testing.assert_array_equal(fired, [True, True])
+
+
+def test_eager_tick_keeps_counters_on_the_host():
+    cfg = config(2)
+    s, a, fired = tick(sync.init(cfg), _params(), _params(), cfg)
+    assert all(type(x) is np.ndarray and x.dtype == np.int32 for x in (s.counter, s.version, s.last_sync))
+    # and the same state goes into jit
+    s2, _, fired = jax.jit(tick)(s, _params(), _params(), cfg)
+    assert bool(fired) and int(s2.version) == 1
+
+
+def test_deprecated_init_sync_same_result():
+    with pytest.deprecated_call(match="init_sync"):
+        old = sync.init_sync()
+    assert_trees_close(old, sync.init(config(1)))
+
+
+def test_deprecated_tick_signature_same_result(devices8):
+    learner = jax.device_put(_params(), devices8[0])
+    actor = jax.device_put(_params(0.0), devices8[1])
+    new = tick(init_sync(), learner, actor, config(1, placement=devices8[1]))
+    with pytest.deprecated_call(match=r"sync.tick\(state, learner, actor, interval"):
+        old = tick(init_sync(), learner, actor, 1, placement=devices8[1])
+    assert_trees_close(old[0], new[0])
+    assert_trees_close(old[1], new[1])
+    assert bool(old[2]) == bool(new[2]) and old[1]["dense"]["kernel"].devices() == {devices8[1]}
+    with pytest.deprecated_call():
+        kw = tick(init_sync(), learner, learner, interval=2, copy_on_same_device=True)
+    assert_trees_close(kw[0], tick(init_sync(), learner, learner, config(2, copy_on_same_device=True))[0])
+
+
+def test_deprecated_make_tick_same_result():
+    p = _params()
+    with pytest.deprecated_call(match="make_tick"):
+        step = sync.make_tick(2, copy_on_same_device=True)
+    s_old, s_new = init_sync(), init_sync()
+    a_old, a_new = jax.device_put(p, may_alias=False), jax.device_put(p, may_alias=False)
+    cfg = config(2, copy_on_same_device=True)
+    for i in range(3):
+        s_old, a_old, f_old = step(s_old, _bump(p, i), a_old)
+        s_new, a_new, f_new = sync.donated_tick(s_new, _bump(p, i), a_new, cfg)
+        assert bool(f_old) == bool(f_new)
+    assert_trees_close(s_old, s_new)
+    assert_trees_close(a_old, a_new)

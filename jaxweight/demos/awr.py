@@ -35,12 +35,16 @@ Features are all computable without the truth: the (known) noise level, the
 reference's residual on the working data, its roughness, the data scale and
 the step fraction.
 
-Run ``python -m jaxweight demo awr [--quick] [--out DIR] [--seeds N]``.
+Run ``python -m jaxweight demo awr [--quick] [--out DIR] [--seeds N] [--seed S] [--strict]
+[--tensorboard DIR]``. Writes ``awr_demo.json`` (results, first), ``metrics.jsonl``
+(per-epoch AWR loss and per-seed results), ``awr_demo.txt`` and ``awr_demo.png``
+(with matplotlib) under ``--out`` (default ``jaxweight-out/awr/``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import sys
@@ -53,9 +57,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxweight import awr
+from jaxweight import awr, maxent
 from jaxweight import random_weighting as rw
-from jaxweight._util import as_key, atomic_write_bytes, atomic_write_json
+from jaxweight.checkpoint import save_json
+from jaxweight.demos import _common as C
 
 COMPONENTS = ("data", "smooth", "curvature", "ridge", "reference")
 FEATURES = ("log noise", "log ref. residual", "log ref. roughness", "log data scale", "step fraction")
@@ -103,7 +108,7 @@ def _make_instances(key: jax.Array, n: int) -> Instances:
 
 def instances(key: Any, n: int) -> Instances:
     """``n`` random problem instances from ``key`` (a key or an int seed)."""
-    return _make_instances(as_key(key), n=n)
+    return _make_instances(jax.random.key(key) if isinstance(key, int) else key, n=n)
 
 
 def _d1(x):
@@ -182,9 +187,12 @@ def evaluate(key: jax.Array, cfg: rw.RandomWeightingConfig, p: Instances, policy
 
 
 def group_advantages(r_free: jax.Array) -> jax.Array:
-    """Reward ``-log R_free`` standardised within each instance's group: f32[n, G]."""
-    r = -jnp.log(r_free)
-    return (r - r.mean(axis=1, keepdims=True)) / (r.std(axis=1, keepdims=True) + 1e-6)
+    """Reward ``-log R_free`` standardised within each instance's group: f32[n, G].
+
+    The library's GRPO group advantage (:func:`jaxweight.maxent.group_advantages`)
+    with the population std (``ddof=0``) and ``eps=1e-6``.
+    """
+    return maxent.group_advantages(-jnp.log(r_free), eps=1e-6, ddof=0)
 
 
 SIZES = {
@@ -194,8 +202,30 @@ SIZES = {
 }
 
 
+def _progress_callback(total: int, desc: str, writer=None, seed: int = 0):
+    """An AWR ``callback(epoch, metrics)``: a tqdm bar (demos may draw one) and/or metrics lines."""
+    bar = None
+    if total > 0 and desc:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc=desc, leave=False)
+    if bar is None and writer is None:
+        return None
+
+    def callback(epoch: int, m: dict) -> None:
+        if bar is not None:
+            bar.set_postfix(loss=f"{m['loss']:.4f}")
+            bar.update(1)
+            if epoch + 1 >= total:
+                bar.close()
+        if writer is not None:
+            writer.write(epoch, {f"awr/seed{seed}/loss": m["loss"]})
+
+    return callback
+
+
 def run_seed(seed: int, sizes: dict, cfg: rw.RandomWeightingConfig, *, temperature: float = 0.5,
-             progress: bool = True, log=print) -> dict:
+             progress: bool = True, log=print, writer=None) -> dict:
     """Collect, fit and evaluate once; returns per-instance arrays (NumPy) and the fitted params."""
     k_train, k_roll, k_fit, k_rand = jax.random.split(jax.random.key(seed), 4)
     n, G = sizes["train"], sizes["group"]
@@ -217,8 +247,8 @@ def run_seed(seed: int, sizes: dict, cfg: rw.RandomWeightingConfig, *, temperatu
     t0 = time.perf_counter()
     params, metrics = awr.fit_weight_policy(
         k_fit, rows_x, rows_a, rows_adv, temperature=temperature, num_epochs=sizes["epochs"],
-        batch_size=512, learning_rate=3e-3, mean_bounds=(-3.0, 3.0), progress=progress,
-        desc=f"AWR fit (seed {seed})")
+        batch_size=512, learning_rate=3e-3, mean_bounds=(-3.0, 3.0),
+        callback=_progress_callback(sizes["epochs"], f"AWR fit (seed {seed})" if progress else "", writer, seed))
     loss = np.asarray(metrics["loss"])
     log(f"  [seed {seed}] AWR fit on {rows_x.shape[0]} rows, {sizes['epochs']} epochs in "
         f"{time.perf_counter() - t0:.1f} s (loss {loss[0]:.3f} -> {loss[-1]:.3f}, "
@@ -286,16 +316,13 @@ def policy_wins(rows: list[dict]) -> bool:
     return ok
 
 
-def plot(results: list[dict], path: Path) -> Path:
+def plot(results: list[dict], path: Path, log=print) -> Path | None:
     """Four panels: mean R_free per method and seed, policy vs default per instance,
-    the learned log-weight schedule, AWR loss."""
-    import matplotlib
+    the learned log-weight schedule, AWR loss. None (and one note) without matplotlib."""
+    return C.save_plot(lambda plt: _figure(plt, results), path, log=log)
 
-    matplotlib.use("Agg")
-    import io
 
-    import matplotlib.pyplot as plt
-
+def _figure(plt, results: list[dict]):
     fig, ax = plt.subplots(2, 2, figsize=(12, 9))
     methods = ("default", "random", "policy", "best_random")
     colors = {"default": "tab:gray", "random": "tab:orange", "policy": "tab:blue", "best_random": "tab:green"}
@@ -338,15 +365,16 @@ def plot(results: list[dict], path: Path) -> Path:
     ax[1, 1].set_ylabel("AWR loss (weighted NLL)")
     ax[1, 1].legend(fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    return atomic_write_bytes(path, buf.getvalue())
+    return fig
 
 
 def run(quick: bool = False, seeds: int | None = None, out: str | os.PathLike | None = None,
-        progress: bool = True, log=print) -> dict:
-    """The whole demo; returns ``{"rows", "results", "out"}`` (used by the tests and the notebook)."""
+        progress: bool = True, log=print, *, seed: int = 0, tensorboard: str | None = None) -> dict:
+    """The whole demo; returns ``{"rows", "results", "paths"}`` (used by the tests and the notebook).
+
+    Seeds ``seed, seed + 1, ...``. With ``out``: ``awr_demo.json`` first, then
+    ``metrics.jsonl`` (+ TensorBoard files with ``tensorboard``), the table and the plot.
+    """
     sizes = dict(SIZES["quick" if quick else "full"])
     if seeds is not None:
         sizes["seeds"] = seeds
@@ -355,38 +383,50 @@ def run(quick: bool = False, seeds: int | None = None, out: str | os.PathLike | 
     log(f"[awr demo] {sizes['seeds']} seed(s); per seed {sizes['train']} x {sizes['group']} = "
         f"{sizes['train'] * sizes['group']} training rollouts, {sizes['test']} fresh test instances")
     t_all = time.perf_counter()
-    results = [run_seed(s, sizes, cfg, progress=progress, log=log) for s in range(sizes["seeds"])]
-    rows = summarize(results)
+    args = argparse.Namespace(out=out, tensorboard=tensorboard)
+    writer = C.metrics_writer(args) if out is not None else contextlib.nullcontext()
+    with writer as w:
+        results = [run_seed(s, sizes, cfg, progress=progress, log=log, writer=w)
+                   for s in range(seed, seed + sizes["seeds"])]
+        rows = summarize(results)
+        if w is not None:
+            for r in rows:
+                w.write(r["seed"], {f"awr/{r['method']}/{k}": v for k, v in r.items()
+                                    if k not in ("seed", "method") and v is not None})
     log("")
     log(format_table(rows))
     log(f"total {time.perf_counter() - t_all:.1f} s")
     paths = {}
     if out is not None:
         out = Path(out)
-        try:
-            paths["plot"] = str(plot(results, out / "awr_demo.png"))
-        except ImportError:
-            log("matplotlib is not installed (pip install 'jaxweight[notebooks]'): no plot written")
-        paths["table"] = str(atomic_write_bytes(out / "awr_demo.txt", (format_table(rows) + "\n").encode()))
-        paths["json"] = str(atomic_write_json(out / "awr_demo.json", {"sizes": sizes, "rows": rows}))
+        paths["json"] = str(save_json(out / "awr_demo.json", {"sizes": sizes, "rows": rows}))
+        paths["table"] = str(_write_text(out / "awr_demo.txt", format_table(rows) + "\n"))
+        paths["metrics"] = str(out / "metrics.jsonl")
+        png = plot(results, out / "awr_demo.png", log=log)
+        if png is not None:
+            paths["plot"] = str(png)
     return {"rows": rows, "results": results, "paths": paths}
+
+
+def _write_text(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jaxweight demo awr", description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small version (< 30 s)")
-    ap.add_argument("--out", default="jaxweight-out/awr", help="folder for the plot, table and JSON")
-    ap.add_argument("--seeds", type=int, default=None, help="number of independent seeds (default 3, quick 1)")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bars")
+    C.add_common_args(ap, "awr", quick_help="small version (< 30 s)")
+    ap.add_argument("--seeds", type=C.positive_int, default=None,
+                    help="number of independent seeds, from --seed on (default 3, quick 1)")
     a = ap.parse_args(argv)
-    if a.seeds is not None and a.seeds < 1:
-        ap.error("--seeds must be >= 1")
-    res = run(quick=a.quick, seeds=a.seeds, out=a.out, progress=not a.no_progress)
-    ok = policy_wins(res["rows"])
-    print(f"\npolicy beats default and random weights on held-out R_free in every seed: {'yes' if ok else 'NO'}")
+    res = run(quick=a.quick, seeds=a.seeds, out=a.out, progress=not a.no_progress, seed=a.seed,
+              tensorboard=a.tensorboard)
     for k, v in res["paths"].items():
         print(f"wrote {k}: {v}")
-    return 0
+    ok = policy_wins(res["rows"])
+    return C.finish([("AWR policy beats default and random weights on held-out R_free in every seed", ok)],
+                    a.strict)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Demo: which curriculum teaches a synthetic learner fastest?
 
-``python -m jaxweight demo curriculum [--quick] [--out DIR] [--seeds S] [--no-progress]``
+``python -m jaxweight demo curriculum [--quick] [--out DIR] [--seeds S] [--strategies A,B]
+[--seed N] [--strict] [--tensorboard DIR] [--no-progress]``
 
 A pool of 10^5 items has latent difficulties ``d_i ~ U(0, 1)``. The learner
 has one competence ``theta``; it solves item i with probability
@@ -16,7 +17,10 @@ An item is *mastered* when it is solved with probability >= 0.9. The demo
 runs ``uniform``, ``easy_first``, ``competence_based``, ``competence_sqrt``
 and ``prioritized`` (frontier priority: rewards near 0.5) as whole
 ``lax.scan`` training loops vmapped over seeds, prints a table and saves the
-learning curves (items mastered vs samples) as a PNG plus the numbers as JSON.
+learning curves (items mastered vs samples) as a PNG (with matplotlib), the
+numbers as JSON and one ``metrics.jsonl`` line per step, under ``--out``
+(default ``jaxweight-out/curriculum/``). Compile time is reported apart from
+run time; ``--strict`` exits 1 if no curriculum strategy beats uniform.
 
 The bin strategies see unseen items in the middle bin (atropos semantics);
 ``prioritized`` replays tracked items only, so a fraction ``--fresh`` of its
@@ -27,15 +31,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import curriculum as cur
-from .._util import atomic_write_json
+from jaxweight import curriculum as cur
+from jaxweight.demos import _common as C
 
 STRATEGY_ORDER = ("uniform", "easy_first", "competence_based", "competence_sqrt", "prioritized")
 
@@ -55,7 +58,7 @@ def simulate(key, strategy: str, difficulty, *, steps: int, batch: int, group: i
     def body(carry, t):
         state, theta, key = carry
         key, k_items, k_fresh, k_mix, k_try = jax.random.split(key, 5)
-        ids = cur.sample_items(k_items, state, cfg, t, steps, batch)
+        ids = cur.sample(state, k_items, cfg, t, steps, batch)
         if strategy == "prioritized":
             new = jax.random.randint(k_fresh, (batch,), 0, n, dtype=jnp.int32)
             ids = jnp.where(jax.random.bernoulli(k_mix, fresh, (batch,)), new, ids)
@@ -75,23 +78,30 @@ def simulate(key, strategy: str, difficulty, *, steps: int, batch: int, group: i
 
 def run(*, n_items: int, steps: int, batch: int, group: int, seeds: int, n_bins: int = 10,
         fresh: float = 0.25, temperature: float = 0.3, progress: bool = True, seed: int = 0,
-        strategies: tuple[str, ...] = STRATEGY_ORDER) -> dict:
-    """All strategies, vmapped over seeds. Returns the curves and summary numbers."""
+        strategies: tuple[str, ...] = STRATEGY_ORDER, timer: C.Timer | None = None) -> dict:
+    """All strategies, vmapped over seeds. Returns the curves and summary numbers.
+
+    ``timer`` (a :class:`jaxweight.demos._common.Timer`) gets the compile time
+    (ahead of time, per strategy) apart from the run time.
+    """
     from tqdm.auto import tqdm
 
+    timer = timer if timer is not None else C.Timer()
     key = jax.random.key(seed)
     k_pool, k_runs = jax.random.split(key)
     difficulty = jax.random.uniform(k_pool, (n_items,), jnp.float32)
     keys = jax.random.split(k_runs, seeds)
     samples = (np.arange(steps) + 1) * batch
     results = {"n_items": n_items, "steps": steps, "batch": batch, "group": group, "seeds": seeds,
-               "n_bins": n_bins, "samples": samples.tolist(), "strategies": {}}
+               "n_bins": n_bins, "seed": seed, "samples": samples.tolist(), "strategies": {}}
     for strategy in tqdm(strategies, desc="strategies", disable=not progress):
-        t0 = time.perf_counter()
         fn = jax.jit(jax.vmap(lambda k, s=strategy: simulate(
             k, s, difficulty, steps=steps, batch=batch, group=group, n_bins=n_bins, fresh=fresh,
             temperature=temperature)))
-        mastered, theta = jax.device_get(fn(keys))
+        before = dict(timer.seconds)
+        compiled = timer.compile(fn, keys)
+        with timer.section("run"):
+            mastered, theta = jax.device_get(compiled(keys))
         frac = mastered / n_items  # [seeds, steps]
         half = [int(samples[np.argmax(f >= 0.5)]) if np.any(f >= 0.5) else None for f in frac]
         results["strategies"][strategy] = {
@@ -101,7 +111,8 @@ def run(*, n_items: int, steps: int, batch: int, group: int, seeds: int, n_bins:
             "final_std": float(frac[:, -1].std()),
             "auc": float(frac.mean()),
             "samples_to_half": half,
-            "seconds": time.perf_counter() - t0,
+            "compile_s": timer["compile"] - before.get("compile", 0.0),
+            "run_s": timer["run"] - before.get("run", 0.0),
         }
     return results
 
@@ -116,12 +127,7 @@ def table(results: dict) -> str:
     return "\n".join(rows)
 
 
-def plot(results: dict, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def _figure(plt, results: dict):
     x = np.asarray(results["samples"])
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for name in results["strategies"]:
@@ -135,39 +141,59 @@ def plot(results: dict, path: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
+
+
+def plot(results: dict, path: Path) -> Path | None:
+    """The learning curves as a PNG (None, with a note, without matplotlib)."""
+    return C.save_plot(lambda plt: _figure(plt, results), path)
+
+
+def write_metrics(args: argparse.Namespace, results: dict) -> None:
+    """One ``metrics.jsonl`` line per training step: ``curriculum/<strategy>/mastered`` (mean over seeds)."""
+    with C.metrics_writer(args) as w:
+        for t, n in enumerate(results["samples"]):
+            row = {f"curriculum/{name}/mastered": r["mastered_mean"][t]
+                   for name, r in results["strategies"].items()}
+            w.write(t, row | {"curriculum/samples": float(n)})
+
+
+def goals(results: dict) -> list[tuple[str, bool]]:
+    """The demo's claim: some curriculum strategy beats uniform sampling (mean mastery over the run)."""
+    st = results["strategies"]
+    others = [k for k in st if k != "uniform"]
+    if "uniform" not in st or not others:
+        return []
+    best = max(others, key=lambda k: st[k]["auc"])
+    return [(f"a curriculum strategy ({best}) masters more items than uniform over the run",
+             st[best]["auc"] > st["uniform"]["auc"])]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jaxweight demo curriculum", description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="small pool and few steps (< 30 s)")
-    p.add_argument("--out", default="curriculum_demo", help="folder for the plot and the JSON results")
-    p.add_argument("--seeds", type=int, default=None, help="runs per strategy (vmapped)")
-    p.add_argument("--strategies", default=",".join(STRATEGY_ORDER),
+    C.add_common_args(p, "curriculum", quick_help="small pool and few steps (< 30 s)")
+    p.add_argument("--seeds", type=C.positive_int, default=None, help="runs per strategy (vmapped)")
+    p.add_argument("--strategies", type=C.comma_list(STRATEGY_ORDER), default=list(STRATEGY_ORDER),
                    help="comma-separated subset of " + ", ".join(STRATEGY_ORDER))
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
-    strategies = tuple(x.strip() for x in a.strategies.split(",") if x.strip())
-    bad = [x for x in strategies if x not in STRATEGY_ORDER]
-    if bad or not strategies:
-        p.error(f"unknown strategies {bad}; choose from {', '.join(STRATEGY_ORDER)}")
+    strategies = tuple(dict.fromkeys(a.strategies))
     if a.quick:
         sizes = dict(n_items=10_000, steps=150, batch=64, group=4, seeds=a.seeds or 2)
     else:
         sizes = dict(n_items=100_000, steps=200, batch=256, group=4, seeds=a.seeds or 4)
-    t0 = time.perf_counter()
-    res = run(**sizes, progress=not a.no_progress, strategies=strategies)
-    out = Path(a.out)
+    timer = C.Timer()
+    res = run(**sizes, progress=not a.no_progress, strategies=strategies, seed=a.seed, timer=timer)
+    res["time"] = timer.as_dict()
+    out = C.out_dir(a)
+    js = C.write_results(a, res, "curriculum_results.json")  # before the plot: never lost to a plot error
+    write_metrics(a, res)
     png = plot(res, out / "curriculum_learning_curves.png")
-    js = atomic_write_json(out / "curriculum_results.json", res)
     print(f"Curriculum demo: {res['n_items']:,} items, {res['steps']} steps x {res['batch']} items "
-          f"x {res['group']} attempts, {res['seeds']} seeds ({time.perf_counter() - t0:.1f} s)")
+          f"x {res['group']} attempts, {res['seeds']} seeds ({timer.summary()})")
     print(table(res))
-    print(f"plot: {os.fspath(png)}\nresults: {os.fspath(js)}")
-    return 0
+    print(f"results: {os.fspath(js)}\nmetrics: {os.fspath(out / 'metrics.jsonl')}"
+          + (f"\nplot: {os.fspath(png)}" if png is not None else ""))
+    return C.finish(goals(res), a.strict)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,6 +1,7 @@
 """GRPO advantages vs MaxEnt weights on a toy answer-selection task.
 
-``python -m jaxweight demo grpo [--quick] [--out DIR] [--steps N] [--seed S] [--no-progress]``
+``python -m jaxweight demo grpo [--quick] [--steps N] [--out DIR] [--seed N] [--strict]
+[--tensorboard DIR] [--no-progress]``
 
 The task: ``P`` prompts, each with ``K`` candidate answers of which a few are
 correct (reward 1; some wrong ones get partial credit). The policy is a
@@ -16,19 +17,40 @@ steering beta). Two runs share the samples' random keys:
   renormalised over each group's samples, is fitted to ``w``
   (``-sum_g w_g log softmax_g(log pi(a_g))``).
 
-Both runs, all steps, are one ``jax.lax.scan`` vmapped over the two methods.
-Outputs (in ``--out``, default ``./grpo_demo``): ``grpo_maxent.png`` (reward,
-weight entropy vs target, tau and beta trajectories, policy diversity over the
-correct answers) and ``grpo_maxent.csv`` (every step), and a table printed at
-the end.
+Both runs are one ``jax.lax.scan`` per chunk of steps, vmapped over the two
+methods and compiled ahead of time; compile time is reported apart from run
+time. Outputs, under ``--out`` (default ``jaxweight-out/grpo/``): during training
+``metrics.jsonl`` (one line per step, keys such as ``grpo/reward``,
+``maxent/weight_entropy``, ``maxent/tau``, ``maxent/beta``; TensorBoard event
+files too with ``--tensorboard DIR``); then, in this order, ``results.json``
+(final and last-20% metrics per method, the target entropy, the settings, the
+timing and the goals), ``grpo_maxent.csv`` (every step) and ``grpo_maxent.png``
+(reward, weight entropy vs target, tau and beta, diversity over the correct
+answers; skipped with a note without matplotlib). A table is printed at the end.
+
+Goals (``--strict`` exits 1 when one is missed): the tau controller steers the
+weight entropy toward its target -- over the last 20% of the steps the MaxEnt
+run's weight-entropy EMA is closer to the target than the same weights at a
+fixed tau (the GRPO run computes them with the controller off); at the end
+the MaxEnt policy is more diverse over the correct answers than the GRPO policy
+(by >= 0.1 on the normalised [0, 1] scale);
+and both runs learn the task (final P(correct) >= 0.75; the reference policy
+is below 0.1).
+
+Why "closer than fixed tau" and not "within 10% of the target": at a small tau
+the weights spread evenly over a group's correct samples, so the weight entropy
+cannot fall below about ``ln(G * P(correct))``. The default target
+``0.8 * ln G`` lies under that floor once P(correct) passes ``G**-0.2`` (0.57
+for G = 16): late in the default run the controller holds tau at its floor and
+the entropy stays ~13% above the target. ``results.json`` reports the distance.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import io
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +60,21 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .. import controllers as C
-from .. import maxent as M
+from jaxweight import controllers as ctl
+from jaxweight import maxent as M
+from jaxweight.checkpoint import save_bytes
+from jaxweight.demos import _common as C
 
-__all__ = ["main", "run", "DemoConfig"]
+__all__ = ["main", "run", "goals", "write_outputs", "DemoConfig"]
 
 METHODS = ("grpo", "maxent")
 METRICS = ("reward", "success", "entropy", "entropy_ema", "tau", "beta", "kl", "diversity", "ess")
+# the names in metrics.jsonl / results.json: say which entropy it is (the policy has one too)
+METRIC_KEYS = {"entropy": "weight_entropy", "entropy_ema": "weight_entropy_ema"}
+
+TAIL_FRAC = 0.20      # goal: over the last 20% of the steps, the maxent EMA is nearer the target than fixed tau
+MIN_SUCCESS = 0.75    # goal: both runs end with P(correct) >= 0.75
+DIVERSITY_MARGIN = 0.1  # goal: maxent's final diversity (in [0, 1]) beats grpo's by at least this
 
 
 @flax.struct.dataclass
@@ -107,27 +137,30 @@ def make_train(cfg: DemoConfig, task: dict[str, jax.Array]):
     g = cfg.generations
     opt = optax.adam(cfg.learning_rate)
     target = cfg.target_frac * float(np.log(g))
-    kl_ctl = C.KLController(target=0.5, horizon=20, step_size=0.2)
+    ctrl_cfg = ctl.config(
+        cfg.tau0, cfg.beta0,
+        schedule=ctl.TauSchedule(target_entropy=target, learning_rate=0.5, minimum_value=0.005,
+                               maximum_value=20.0, warmup_steps=0),
+        kl=ctl.KLController(target=0.5, horizon=20, step_size=0.2))
     rows = jnp.arange(cfg.prompts)[:, None]
 
     def init(is_maxent):
         params = task["ref_logits"]
-        ctrl = C.init_controller(cfg.tau0, cfg.beta0)
-        return params, opt.init(params), ctrl, jnp.int32(0)
+        return params, opt.init(params), ctl.init(ctrl_cfg), jnp.int32(0)
 
     def step(carry, key, is_maxent):
         params, opt_state, ctrl, t = carry
-        # GRPO runs the same fused call with its tau controller switched off
-        sched = C.TauSchedule(target_entropy=target, learning_rate=jnp.where(is_maxent, 0.5, 0.0),
-                              minimum_value=0.005, maximum_value=20.0, warmup_steps=0)
+        # GRPO runs the same step with its tau controller switched off (learning rate 0)
+        lr = jnp.where(is_maxent, ctrl_cfg.schedule.learning_rate, 0.0)
+        run_cfg = ctrl_cfg.replace(schedule=ctrl_cfg.schedule.replace(learning_rate=lr))
         actions = jax.random.categorical(key, params[:, None, :], axis=-1, shape=(cfg.prompts, g))
         rewards = task["rewards"][rows, actions]
         tok = task["lengths"][rows, actions]
         # each candidate is one "sequence": its reference log-prob is already per answer
         ref_lp = jax.nn.log_softmax(task["ref_logits"])[rows, actions]
         _, kl, _ = _policy_stats(params, task)
-        out = M.maxent_step(ctrl, rewards, ref_lp, tok, schedule=sched, global_step=t,
-                            kl=kl_ctl, measured_kl=jnp.where(is_maxent, kl, jnp.nan),
+        out = M.maxent_step(ctrl, rewards, ref_lp, tok, None, run_cfg, global_step=t,
+                            measured_kl=jnp.where(is_maxent, kl, jnp.nan),
                             q_temperature=0.5, normalize_by_tokens=False)
         w = jax.lax.stop_gradient(out.weights)
         adv = jax.lax.stop_gradient(out.advantages)
@@ -155,17 +188,46 @@ def make_train(cfg: DemoConfig, task: dict[str, jax.Array]):
     return jax.vmap(init), both, target
 
 
+def metric_key(method: str, name: str) -> str:
+    """The flat key of one metric: ``metric_key("maxent", "entropy") == "maxent/weight_entropy"``."""
+    return f"{method}/{METRIC_KEYS.get(name, name)}"
+
+
 def run(quick: bool = False, out: str | os.PathLike | None = None, *, steps: int | None = None,
-        seed: int = 0, progress: bool = True, cfg: DemoConfig | None = None) -> dict[str, Any]:
+        seed: int = 0, progress: bool = True, cfg: DemoConfig | None = None, writer: Any = None,
+        tensorboard: str | os.PathLike | None = None, timer: C.Timer | None = None) -> dict[str, Any]:
     """Train both methods and return their per-step metrics.
+
+    Args:
+      quick: the small task (:data:`QUICK`) instead of the default one.
+      out: folder for ``results.json``, ``metrics.jsonl``, the CSV and the plot (nothing written if None).
+      steps: training steps (>= 1); default ``cfg.steps``.
+      seed: PRNG seed of the task and the samples.
+      progress: show a progress bar.
+      cfg: the sizes and hyperparameters (default :class:`DemoConfig` or :data:`QUICK`).
+      writer: a metrics writer (``write(step, flat_dict)``) that gets one line per step; with
+        ``out`` and no ``writer``, ``out/metrics.jsonl`` (+ TensorBoard files in ``tensorboard``).
+      tensorboard: folder for TensorBoard event files (with ``out`` and no ``writer``).
+      timer: a :class:`jaxweight.demos._common.Timer` that gets ``compile`` and ``run`` seconds.
 
     Returns:
       ``{"grpo": {metric: np.ndarray[steps]}, "maxent": {...}, "target_entropy": float,
-      "config": DemoConfig, "seconds": float}``; with ``out`` the plot and CSV are written.
+      "config": DemoConfig, "seed": int, "seconds": float (run), "compile_seconds": float,
+      "time": {"time/compile_s", "time/run_s"}, "goals": [(text, met)], "paths": {name: path}}``.
+
+    Example::
+
+      res = run(quick=True, progress=False)
+      res["maxent"]["diversity"][-1] > res["grpo"]["diversity"][-1]
     """
     cfg = cfg or (QUICK if quick else DemoConfig())
     if steps is not None:
+        if isinstance(steps, bool) or int(steps) != steps or steps < 1:
+            raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
         cfg = cfg.replace(steps=int(steps))
+    if seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    timer = timer if timer is not None else C.Timer()
     key = jax.random.key(seed)
     k_task, k_run = jax.random.split(key)
     task = make_task(k_task, cfg)
@@ -174,47 +236,111 @@ def run(quick: bool = False, out: str | os.PathLike | None = None, *, steps: int
     carry = init(is_maxent)
     keys = jax.random.split(k_run, cfg.steps)
     bounds = np.linspace(0, cfg.steps, max(1, min(cfg.chunks, cfg.steps)) + 1).astype(int)
+    from tqdm.auto import tqdm
+
+    own_writer = writer is None and out is not None
+    if own_writer:  # before compiling: a missing tensorboardX is one line, not a lost run
+        writer = C.metrics_writer(argparse.Namespace(out=out, tensorboard=tensorboard))
     chunks = []
-    t0 = time.perf_counter()
     try:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=cfg.steps, desc="grpo vs maxent", unit="step", disable=not progress)
-    except ImportError:  # pragma: no cover - tqdm is a dependency
-        bar = None
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        carry, m = train(carry, keys[a:b], is_maxent)
-        chunks.append(jax.device_get(m))
-        if bar is not None:
-            bar.update(int(b - a))
-    if bar is not None:
-        bar.close()
-    secs = time.perf_counter() - t0
+        # one executable per distinct chunk length (an uneven split gives two), compiled before the loop
+        compiled = {n: timer.compile(train, carry, keys[:n], is_maxent)
+                    for n in sorted({int(b - a) for a, b in zip(bounds[:-1], bounds[1:])})}
+        with tqdm(total=cfg.steps, desc="grpo vs maxent", unit="step", disable=not progress) as bar:
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                with timer.section("run"):
+                    carry, m = compiled[int(b - a)](carry, keys[a:b], is_maxent)
+                    m = jax.device_get(m)
+                chunks.append(m)
+                if writer is not None:
+                    for t in range(int(a), int(b)):
+                        writer.write(t, {metric_key(meth, k): float(m[k][i, t - a])
+                                         for i, meth in enumerate(METHODS) for k in METRICS})
+                bar.update(int(b - a))
+    finally:
+        if own_writer:
+            writer.close()
     hist = {k: np.concatenate([c[k] for c in chunks], axis=1) for k in METRICS}
     res: dict[str, Any] = {m: {k: hist[k][i] for k in METRICS} for i, m in enumerate(METHODS)}
-    res.update(target_entropy=target, config=cfg, seconds=secs)
-    if out is not None:
-        write_outputs(res, Path(out))
+    res.update(target_entropy=target, config=cfg, seed=seed, seconds=timer["run"],
+               compile_seconds=timer["compile"], time=timer.as_dict())
+    res["goals"] = goals(res)
+    res["paths"] = write_outputs(res, Path(out)) if out is not None else {}
+    if own_writer:
+        res["paths"]["metrics"] = Path(out) / "metrics.jsonl"
     return res
 
 
-def write_outputs(res: dict[str, Any], out: Path) -> list[Path]:
-    """``grpo_maxent.csv`` (every step) and ``grpo_maxent.png`` in ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    csv_path = out / "grpo_maxent.csv"
+def _tail_start(n: int) -> int:
+    return min(n - 1, int(np.floor((1.0 - TAIL_FRAC) * n)))
+
+
+def goals(res: dict[str, Any]) -> list[tuple[str, bool]]:
+    """The demo's claims as ``(text, met)`` pairs (see the module docstring), numbers in the text."""
+    g, mx, target = res["grpo"], res["maxent"], float(res["target_entropy"])
+    t0 = _tail_start(len(mx["entropy_ema"]))
+    ema = np.asarray(mx["entropy_ema"], np.float64)[t0:]
+    fixed = np.asarray(g["entropy"], np.float64)[t0:]    # the same weights at a fixed tau
+    dev = float(np.mean(np.abs(ema / target - 1.0)))
+    dev_fixed = float(np.mean(np.abs(fixed / target - 1.0)))
+    div_m, div_g = float(mx["diversity"][-1]), float(g["diversity"][-1])
+    suc_m, suc_g = float(mx["success"][-1]), float(g["success"][-1])
+    return [
+        (f"the tau controller steers the weight entropy toward the target ({target:.3f}): over the last "
+         f"{TAIL_FRAC:.0%} of steps the maxent EMA is {dev:.1%} from it on average, the same weights at a "
+         f"fixed tau {dev_fixed:.1%}", dev < dev_fixed),
+        (f"maxent keeps more diversity over correct answers than grpo at the end, by >= {DIVERSITY_MARGIN} "
+         f"({div_m:.3f} vs {div_g:.3f})", div_m >= div_g + DIVERSITY_MARGIN),
+        (f"both runs learn the task: final P(correct) >= {MIN_SUCCESS} (grpo {suc_g:.3f}, maxent {suc_m:.3f})",
+         min(suc_g, suc_m) >= MIN_SUCCESS),
+    ]
+
+
+def results_dict(res: dict[str, Any]) -> dict[str, Any]:
+    """What ``results.json`` holds: settings, target, final and last-20% metrics per method, timing, goals."""
+    cfg = res["config"]
+    n = len(res["grpo"]["reward"])
+    lo = _tail_start(n)
+    settings = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
+    return {
+        "demo": "grpo",
+        "settings": settings | {"steps": n, "seed": res["seed"]},
+        "target_entropy": float(res["target_entropy"]),
+        "final": {m: {METRIC_KEYS.get(k, k): float(res[m][k][-1]) for k in METRICS} for m in METHODS},
+        "last_20pct_mean": {m: {METRIC_KEYS.get(k, k): float(np.mean(res[m][k][lo:])) for k in METRICS}
+                            for m in METHODS},
+        "time": res["time"],
+        "goals": [{"goal": t, "met": bool(ok)} for t, ok in res["goals"]],
+    }
+
+
+def csv_text(res: dict[str, Any]) -> str:
+    """Every step of both runs: ``step,grpo_reward,...,maxent_ess``."""
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["step"] + [f"{m}_{k}" for m in METHODS for k in METRICS])
+    for t in range(len(res["grpo"]["reward"])):
+        w.writerow([t] + [f"{float(res[m][k][t]):.6g}" for m in METHODS for k in METRICS])
+    return buf.getvalue()
+
+
+def write_outputs(res: dict[str, Any], out: str | os.PathLike) -> dict[str, Path]:
+    """``results.json`` first, then ``grpo_maxent.csv`` and ``grpo_maxent.png`` (with matplotlib) in ``out``.
+
+    Returns ``{"results": path, "csv": path, "plot": path}`` (no ``"plot"`` when it was skipped).
+    """
+    out = C.out_dir(out)
+    paths = {"results": C.write_results(out, results_dict(res))}  # before the plot: never lost to it
+    paths["csv"] = save_bytes(out / "grpo_maxent.csv", csv_text(res).encode("utf-8"))
+    png = C.save_plot(lambda plt: make_figure(plt, res), out / "grpo_maxent.png", dpi=110)
+    if png is not None:
+        paths["plot"] = png
+    return paths
+
+
+def make_figure(plt, res: dict[str, Any]):
+    """The 2x2 figure: reward, weight entropy vs target, tau and beta, diversity."""
     steps = len(res["grpo"]["reward"])
-    tmp = csv_path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["step"] + [f"{m}_{k}" for m in METHODS for k in METRICS])
-        for t in range(steps):
-            w.writerow([t] + [f"{float(res[m][k][t]):.6g}" for m in METHODS for k in METRICS])
-    os.replace(tmp, csv_path)
-    png = out / "grpo_maxent.png"
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     x = np.arange(steps)
     colors = {"grpo": "tab:blue", "maxent": "tab:orange"}
@@ -241,11 +367,7 @@ def write_outputs(res: dict[str, Any], out: Path) -> list[Path]:
     axes[1, 1].set(title="diversity over correct answers (1 = all equally likely)", xlabel="step")
     axes[1, 1].legend(fontsize=8)
     fig.tight_layout()
-    tmp_png = png.with_name(png.stem + ".tmp.png")
-    fig.savefig(tmp_png, dpi=110)
-    plt.close(fig)
-    os.replace(tmp_png, png)
-    return [csv_path, png]
+    return fig
 
 
 def summary_table(res: dict[str, Any], rows: int = 6) -> str:
@@ -267,22 +389,22 @@ def summary_table(res: dict[str, Any], rows: int = 6) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jaxweight demo grpo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="small task and few steps (< 30 s)")
-    p.add_argument("--out", default="grpo_demo", help="folder for grpo_maxent.png / .csv (default ./grpo_demo)")
-    p.add_argument("--steps", type=int, default=None, help="training steps (default 300, quick 80)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p = argparse.ArgumentParser(prog="python -m jaxweight demo grpo", description=__doc__.split("\n")[0])
+    C.add_common_args(p, "grpo", quick_help="small task and few steps (< 30 s)")
+    p.add_argument("--steps", type=C.positive_int, default=None,
+                   help=f"training steps (default {DemoConfig().steps}, quick {QUICK.steps})")
     a = p.parse_args(argv)
-    res = run(quick=a.quick, out=a.out, steps=a.steps, seed=a.seed, progress=not a.no_progress)
+    timer = C.Timer()
+    res = run(quick=a.quick, out=a.out, steps=a.steps, seed=a.seed, progress=not a.no_progress,
+              tensorboard=a.tensorboard, timer=timer)
     cfg = res["config"]
     print(f"GRPO vs MaxEnt: {cfg.prompts} prompts x {cfg.generations} generations, {cfg.candidates} candidates "
-          f"({cfg.correct} correct), {cfg.steps} steps in {res['seconds']:.1f} s; "
+          f"({cfg.correct} correct), {cfg.steps} steps ({timer.summary()}); "
           f"target weight entropy {res['target_entropy']:.3f}")
     print(summary_table(res))
-    out = Path(a.out)
-    print(f"wrote {out / 'grpo_maxent.png'} and {out / 'grpo_maxent.csv'}")
-    return 0
+    for name, path in res["paths"].items():
+        print(f"{name}: {os.fspath(path)}")
+    return C.finish(res["goals"], a.strict)
 
 
 if __name__ == "__main__":  # pragma: no cover

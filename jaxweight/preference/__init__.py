@@ -9,47 +9,37 @@ comparisons becomes one jittable array call:
   :func:`add_std`), potential shaping, reward normalisation;
 - model: Bradley-Terry :func:`probability`, :func:`cross_entropy_loss`;
 - fragmenters: :func:`random_fragments`, :func:`active_selection`, :func:`variance_estimate`;
-- teachers: :func:`synthetic_preferences` (with B-Pref's noisy teachers);
-- :class:`PreferenceBuffer` (FIFO ring buffer);
-- :class:`RewardTrainer` and its pure core (:func:`train_epoch`, :func:`train_epochs`, ...);
+- teachers: :func:`synthetic_preferences` / :func:`synthetic_teacher` (with B-Pref's noisy teachers);
+- :class:`PreferenceBuffer` (FIFO ring buffer; :func:`buffer_push` with an optional traced ``count``);
+- :class:`RewardTrainer` and its pure core: ONE train step used by the trainer,
+  the loop and the data-parallel path (:func:`train_reward`, :func:`train_epoch`,
+  :func:`train_step`, ``axis_name=`` / ``mesh=`` for data parallelism);
 - query schedules: :data:`QUERY_SCHEDULES`, :func:`oric`, :func:`allocate_comparisons`;
 - the loop: :class:`PreferenceComparisons` (``loop.py``), trajectory generators
   (:class:`AgentGenerator` with PPO, :class:`DatasetGenerator`, ``generators.py``)
   and fixed-horizon gymnax environments (``envs.py``). These need gymnax (the
   ``rl`` extra) and are imported on first use: ``from jaxweight.preference import
   PreferenceComparisons`` or ``from jaxweight.preference.loop import ...``.
+
+Building blocks not listed in ``__all__`` (e.g. ``training.trainer_hparams``,
+``reward_nets.as_space``, ``fragments.sample_fragment_indices``) live in the
+submodules; their old package-level spellings still work with a
+``DeprecationWarning``.
 """
 
-from .buffer import PreferenceBuffer, buffer_init, buffer_mask, buffer_ordered, buffer_push, buffer_size
+from .buffer import PreferenceBuffer, buffer_init, buffer_mask, buffer_push, buffer_size
 from .data import (
     FragmentPairs,
     Trajectories,
-    concatenate_pairs,
     concatenate_trajectories,
     discounted_returns,
     example_inputs,
     fragment_pairs_from_arrays,
-    fragment_pairs_from_imitation,
     trajectories_from_arrays,
-    trajectories_from_imitation,
 )
-from .fragments import (
-    UNCERTAINTY_MODES,
-    active_selection,
-    gather_fragments,
-    random_fragments,
-    sample_fragment_indices,
-    uncertainty_scores,
-    variance_estimate,
-)
-from .gatherers import binary_entropy, synthetic_preferences
-from .model import (
-    binary_cross_entropy,
-    cross_entropy_loss,
-    fragment_rewards,
-    preference_probabilities,
-    probability,
-)
+from .fragments import active_selection, active_selection_scored, random_fragments, variance_estimate
+from .gatherers import TeacherOutput, synthetic_preferences, synthetic_teacher
+from .model import cross_entropy_loss, fragment_rewards, preference_probabilities, probability
 from .reward_nets import (
     Box,
     Discrete,
@@ -60,89 +50,101 @@ from .reward_nets import (
     RewardNormState,
     ShapedRewardNet,
     add_std,
-    as_space,
     basic_shaped_reward_net,
     ensemble_apply,
     ensemble_init,
     ensemble_moments,
     ensemble_reward,
-    flat_dim,
-    is_image_space,
     normalize_rewards,
-    num_members,
     preprocess,
-    reward_norm_apply,
     reward_norm_init,
     reward_norm_update,
 )
 from .schedules import QUERY_SCHEDULES, allocate_comparisons, get_schedule, oric
 from .training import (
     IntervalParamScaler,
-    Regularizer,
     RewardTrainer,
-    TrainData,
     TrainerConfig,
     TrainerHParams,
     TrainerState,
-    epoch_metrics_dict,
     lp_regularizer,
-    make_optimizer,
+    metrics_dict,
     minibatch_grad,
-    num_epochs,
     prepare_data,
     train_epoch,
     train_epochs,
+    train_reward,
     train_step,
-    trainer_config,
-    trainer_hparams,
-    trainer_init,
     weight_decay_regularizer,
 )
 
 __all__ = [
     # data
-    "Trajectories", "FragmentPairs", "trajectories_from_arrays", "trajectories_from_imitation",
-    "fragment_pairs_from_arrays", "fragment_pairs_from_imitation", "concatenate_trajectories",
-    "concatenate_pairs", "discounted_returns", "example_inputs",
+    "Trajectories", "FragmentPairs", "trajectories_from_arrays", "fragment_pairs_from_arrays",
+    "concatenate_trajectories", "discounted_returns", "example_inputs",
     # reward nets
-    "Box", "Discrete", "MultiDiscrete", "MultiBinary", "as_space", "is_image_space", "flat_dim", "preprocess",
+    "Box", "Discrete", "MultiDiscrete", "MultiBinary", "preprocess",
     "RewardMLP", "PotentialMLP", "ShapedRewardNet", "basic_shaped_reward_net",
-    "ensemble_init", "ensemble_apply", "ensemble_moments", "add_std", "ensemble_reward", "num_members",
-    "RewardNormState", "reward_norm_init", "reward_norm_update", "reward_norm_apply", "normalize_rewards",
+    "ensemble_init", "ensemble_apply", "ensemble_moments", "add_std", "ensemble_reward",
+    "RewardNormState", "reward_norm_init", "reward_norm_update", "normalize_rewards",
     # model
-    "probability", "fragment_rewards", "preference_probabilities", "binary_cross_entropy", "cross_entropy_loss",
+    "probability", "fragment_rewards", "preference_probabilities", "cross_entropy_loss",
     # fragments
-    "random_fragments", "sample_fragment_indices", "gather_fragments", "active_selection",
-    "variance_estimate", "uncertainty_scores", "UNCERTAINTY_MODES",
-    # gatherers
-    "synthetic_preferences", "binary_entropy",
+    "random_fragments", "active_selection", "active_selection_scored", "variance_estimate",
+    # teachers
+    "synthetic_preferences", "synthetic_teacher", "TeacherOutput",
     # buffer
-    "PreferenceBuffer", "buffer_init", "buffer_push", "buffer_size", "buffer_mask", "buffer_ordered",
+    "PreferenceBuffer", "buffer_init", "buffer_push", "buffer_size", "buffer_mask",
     # training
-    "RewardTrainer", "TrainerConfig", "TrainerHParams", "TrainerState", "TrainData", "IntervalParamScaler",
-    "Regularizer", "lp_regularizer", "weight_decay_regularizer", "trainer_config", "trainer_hparams",
-    "trainer_init", "make_optimizer", "num_epochs", "minibatch_grad", "train_step", "prepare_data",
-    "train_epoch", "train_epochs", "epoch_metrics_dict",
+    "RewardTrainer", "TrainerConfig", "TrainerHParams", "TrainerState", "IntervalParamScaler",
+    "lp_regularizer", "weight_decay_regularizer", "train_reward", "train_epoch", "train_epochs", "train_step",
+    "prepare_data", "minibatch_grad", "metrics_dict",
     # schedules
     "QUERY_SCHEDULES", "get_schedule", "oric", "allocate_comparisons",
 ]
 
 # The loop, generators and environments import gymnax (the ``rl`` extra): loaded on first access.
 _LAZY = {
-    "loop": ("PreferenceComparisons", "LoopState", "LoopHParams", "LoopPlan", "RoundInput", "AgentReward",
-             "learned_reward_fn", "push_first", "train_reward", "predicted_rewards", "reward_correlation",
-             "preference_accuracy"),
+    "loop": ("PreferenceComparisons", "LoopConfig", "loop_config", "LoopState", "LoopHParams", "LoopPlan",
+             "RoundInput", "AgentReward", "learned_reward_fn", "predicted_rewards", "reward_correlation",
+             "preference_accuracy", "tqdm_progress", "ROUND_METRICS"),
     "generators": ("AgentGenerator", "AgentState", "DatasetGenerator", "DatasetState", "HostGenerator",
                    "TrajectoryGenerator", "PPOConfig", "PPOHParams", "PPOState", "ActorCritic", "take_steps"),
     "envs": ("FixedHorizonCartPole", "FixedHorizonPendulum", "LearnedRewardEnv", "LearnedRewardParams",
-             "LearnedRewardState", "SquashedObsReward", "make_env", "oracle_reward", "reward_net"),
+             "LearnedRewardState", "SquashedObsReward", "make_env", "oracle_reward", "reward_net", "env_step"),
 }
+
+# Names that were exported here before and now live only in their submodule (deprecated here).
+_MOVED = {
+    "as_space": "reward_nets", "is_image_space": "reward_nets", "flat_dim": "reward_nets",
+    "num_members": "reward_nets", "binary_cross_entropy": "model", "binary_entropy": "gatherers",
+    "sample_fragment_indices": "fragments", "gather_fragments": "fragments", "UNCERTAINTY_MODES": "fragments",
+    "Regularizer": "training", "TrainData": "training", "trainer_config": "training",
+    "trainer_hparams": "training", "trainer_init": "training", "make_optimizer": "training",
+    "num_epochs": "training", "epoch_metrics_dict": "training", "uncertainty_scores": "fragments",
+    "concatenate_pairs": "data", "reward_norm_apply": "reward_nets", "buffer_ordered": "buffer",
+    "push_first": "loop",  # replaced by buffer_push(buf, pairs, prefs, count=n)
+}
+
+# imitation converters: moving to jaxweight.interop.imitation (helper E); found wherever they live now.
+_IMITATION = ("trajectories_from_imitation", "fragment_pairs_from_imitation")
 
 
 def __getattr__(name):
+    import importlib
+
     for module, names in _LAZY.items():
         if name in names:
-            import importlib
-
             return getattr(importlib.import_module(f".{module}", __name__), name)
+    if name in _MOVED:
+        from .._util import warn_deprecated
+
+        warn_deprecated(f"jaxweight.preference.{name}", f"jaxweight.preference.{_MOVED[name]}.{name}")
+        return getattr(importlib.import_module(f".{_MOVED[name]}", __name__), name)
+    if name in _IMITATION:
+        from . import data
+
+        if hasattr(data, name):
+            return getattr(data, name)
+        return getattr(importlib.import_module("jaxweight.interop.imitation"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

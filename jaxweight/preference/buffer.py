@@ -11,18 +11,21 @@ Example::
 
     buf = buffer_init(1000, example_pairs)          # example_pairs: any FragmentPairs of the right shapes
     buf = buffer_push(buf, pairs, prefs)            # prefs: f32[P]
+    buf = buffer_push(buf, pairs, prefs, count=n)   # only the first n pairs (n may be traced)
     buffer_size(buf)                                # i32[]: min(total pushed, 1000)
     checkpoint.save("prefs.ckpt", buf); buf = checkpoint.load("prefs.ckpt", buffer_init(1000, example_pairs))
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from .._util import check_static_int
+from .._util import check_static_int, check_value
 from .data import FragmentPairs
 
 Array = jax.Array
@@ -55,9 +58,12 @@ def buffer_init(capacity: int, example_pairs: FragmentPairs) -> PreferenceBuffer
     """An empty buffer for ``capacity`` pairs shaped like ``example_pairs`` (only shapes/dtypes are used).
 
     Raises:
-      ValueError: ``capacity`` is not a static int >= 0.
+      ValueError: ``capacity`` is not a static int >= 1.
     """
-    capacity = check_static_int(capacity, "capacity", 0)
+    capacity = check_static_int(capacity, "capacity", 1)
+    if not isinstance(example_pairs, FragmentPairs):
+        raise ValueError(f"example_pairs must be FragmentPairs, got {type(example_pairs).__name__}")
+    example_pairs.check()
 
     def empty(x):
         x = jnp.asarray(x)
@@ -71,24 +77,32 @@ def buffer_init(capacity: int, example_pairs: FragmentPairs) -> PreferenceBuffer
     )
 
 
-def buffer_push(buf: PreferenceBuffer, pairs: FragmentPairs, prefs: Array) -> PreferenceBuffer:
-    """Append ``P`` pairs in order, evicting the oldest when full (jittable).
+def buffer_push(buf: PreferenceBuffer, pairs: FragmentPairs, prefs: Array, count: Any = None) -> PreferenceBuffer:
+    """Append the first ``count`` of ``P`` pairs in order, evicting the oldest when full (jittable).
 
-    ``P > capacity`` keeps the newest ``capacity`` pairs; ``capacity == 0`` keeps
-    nothing. ``size = min(size + P, capacity)``. The pairs' ``valid`` flags are
-    stored and later used as a training mask.
+    ``count > capacity`` keeps the newest ``capacity`` of them.
+    ``size = min(size + count, capacity)``. The pairs' ``valid`` flags are
+    stored and later used as a training mask. Pairs are stored as given: the
+    reward trainer leaves out (and counts as ``n_invalid``) stored pairs with
+    non-finite inputs or preferences outside ``[0, 1]``.
 
     Args:
       buf: the buffer.
       pairs: ``P`` pairs with the per-pair shapes / dtypes of the buffer.
       prefs: ``f32[P]`` preferences.
+      count: how many of the pairs to write, ``None`` (all ``P``) or an int /
+        ``i32[]`` in ``[0, P]``; may be traced (one compiled push for every count).
 
     Raises:
       ValueError: "Unexpected preferences shape {s}, expected ({P},)";
         "preferences should have dtype float32" (imitation's messages); pairs
-        whose shapes or dtypes differ from the buffer's.
+        whose shapes or dtypes differ from the buffer's; a concrete ``count``
+        outside ``[0, P]`` (a traced one is clipped to it).
     """
-    p = pairs.num_pairs
+    p = pairs.num_pairs if isinstance(pairs, FragmentPairs) else None
+    if p is None:
+        raise ValueError(f"pairs must be FragmentPairs, got {type(pairs).__name__}")
+    pairs.check()
     if tuple(np.shape(prefs)) != (p,):
         raise ValueError(f"Unexpected preferences shape {tuple(np.shape(prefs))}, expected {(p,)}")
     if np.dtype(getattr(prefs, "dtype", None) or np.asarray(prefs).dtype) != np.float32:
@@ -103,27 +117,32 @@ def buffer_push(buf: PreferenceBuffer, pairs: FragmentPairs, prefs: Array) -> Pr
                 f"{name} must have per-pair shape {tuple(a.shape[1:])} and dtype {a.dtype} like the buffer, "
                 f"got shape {tuple(jnp.shape(b))[1:]} and dtype {b_dtype}"
             )
-    if buf.capacity == 0 or p == 0:
+    if count is None:
+        count = p
+    else:
+        check_value(count, "count", ge=0, le=p, integer=True)
+    if p == 0:
         return buf
-    return _push(buf, pairs, jnp.asarray(prefs, jnp.float32))
+    return _push(buf, pairs, jnp.asarray(prefs, jnp.float32), jnp.asarray(count, jnp.int32))
 
 
 @jax.jit
-def _push(buf: PreferenceBuffer, pairs: FragmentPairs, prefs: Array) -> PreferenceBuffer:
+def _push(buf: PreferenceBuffer, pairs: FragmentPairs, prefs: Array, count: Array) -> PreferenceBuffer:
     cap, p = buf.capacity, pairs.num_pairs
-    start = buf.next
-    if p > cap:  # only the newest `cap` pairs survive; skipping the rest keeps scatter indices unique
-        pairs = jax.tree.map(lambda x: x[p - cap:], pairs)
-        prefs = prefs[p - cap:]
-        start = (start + (p - cap)) % cap
-        p = cap
-    slots = (start + jnp.arange(p, dtype=jnp.int32)) % cap
-    new_pairs = jax.tree.map(lambda store, x: store.at[slots].set(jnp.asarray(x, store.dtype)), buf.pairs, pairs)
+    count = jnp.clip(count, 0, p)
+    i = jnp.arange(p, dtype=jnp.int32)
+    # only the newest `cap` of the first `count` pairs survive; dropping the rest keeps scatter indices unique
+    keep = (i < count) & (i >= count - cap)
+    slots = jnp.where(keep, (buf.next + i) % cap, cap)  # `cap` is out of range: dropped
+
+    def write(store, x):
+        return store.at[slots].set(jnp.asarray(x, store.dtype), mode="drop")
+
     return PreferenceBuffer(
-        pairs=new_pairs,
-        prefs=buf.prefs.at[slots].set(prefs),
-        size=jnp.minimum(buf.size + p, cap).astype(jnp.int32),
-        next=((start + p) % cap).astype(jnp.int32),
+        pairs=jax.tree.map(write, buf.pairs, pairs),
+        prefs=write(buf.prefs, prefs),
+        size=jnp.minimum(buf.size + count, cap).astype(jnp.int32),
+        next=((buf.next + count) % cap).astype(jnp.int32),
     )
 
 
@@ -143,8 +162,6 @@ def buffer_ordered(buf: PreferenceBuffer) -> tuple[FragmentPairs, Array, Array]:
     Jittable (a roll by the traced ring offset); filled entries come first.
     """
     cap = buf.capacity
-    if cap == 0:
-        return buf.pairs, buf.prefs, jnp.zeros((0,), bool)
     # once full, the oldest pair sits at `next`; before that at slot 0
     shift = jnp.where(buf.size == cap, buf.next, 0)
     roll = lambda x: jnp.roll(x, -shift, axis=0)  # noqa: E731

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from .._util import check_rank
+from .._util import check_rank, check_value
 
 Array = jax.Array
 
@@ -66,6 +66,17 @@ def _canon_dtype(x: np.ndarray) -> np.dtype:
     if x.dtype == np.uint64:
         return np.dtype(np.uint32)
     return x.dtype
+
+
+def _expect(x: Any, shape: tuple[int, ...], name: str, what: str) -> None:
+    if tuple(jnp.shape(x)) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)} ({what}), got {tuple(jnp.shape(x))}")
+
+
+def _expect_lead(x: Any, lead: tuple[int, ...], name: str) -> None:
+    if tuple(jnp.shape(x))[: len(lead)] != tuple(lead):
+        shown = ", ".join(map(str, lead))
+        raise ValueError(f"{name} must have shape ({shown}, ...), got {tuple(jnp.shape(x))}")
 
 
 @struct.dataclass
@@ -105,6 +116,24 @@ class Trajectories:
     @property
     def act_shape(self) -> tuple[int, ...]:
         return tuple(self.acts.shape[2:])
+
+    def check(self) -> Trajectories:
+        """Refuse fields whose shapes disagree (static; free under ``jit``). Returns ``self``.
+
+        Raises:
+          ValueError: naming the field, its shape and the expected one (e.g.
+            ``terminal`` flags for a different number of episodes than ``lengths``).
+        """
+        n = int(jnp.shape(self.lengths)[0]) if jnp.ndim(self.lengths) == 1 else None
+        if n is None:
+            raise ValueError(f"lengths must have shape (N,), got {jnp.shape(self.lengths)}")
+        t = jnp.shape(self.rews)[1] if jnp.ndim(self.rews) == 2 else None
+        if t is None or jnp.shape(self.rews)[0] != n:
+            raise ValueError(f"rews must have shape ({n}, T), got {jnp.shape(self.rews)}")
+        _expect(self.terminal, (n,), "terminal", "one flag per episode, like lengths")
+        _expect_lead(self.obs, (n, t + 1), "obs")
+        _expect_lead(self.acts, (n, t), "acts")
+        return self
 
     def step_mask(self) -> Array:
         """``bool[N, T]``: True on real (non-padding) transitions."""
@@ -146,6 +175,21 @@ class FragmentPairs:
     @property
     def fragment_length(self) -> int:
         return int(self.rews.shape[-1])
+
+    def check(self) -> FragmentPairs:
+        """Refuse fields whose shapes disagree (static; free under ``jit``). Returns ``self``.
+
+        Raises:
+          ValueError: naming the field, its shape and the expected one.
+        """
+        if jnp.ndim(self.rews) != 3 or jnp.shape(self.rews)[1] != 2:
+            raise ValueError(f"rews must have shape (P, 2, L), got {jnp.shape(self.rews)}")
+        p, _, length = jnp.shape(self.rews)
+        _expect(self.terminal, (p, 2), "terminal", "one flag per fragment")
+        _expect(self.valid, (p,), "valid", "one flag per pair")
+        _expect_lead(self.obs, (p, 2, length + 1), "obs")
+        _expect_lead(self.acts, (p, 2, length), "acts")
+        return self
 
     def dones(self) -> Array:
         """``bool[P, 2, L]``: False except the last step, which equals ``terminal``."""
@@ -238,26 +282,13 @@ def trajectories_from_arrays(
 
 
 def trajectories_from_imitation(trajectories: Sequence[Any], *, horizon: int | None = None) -> Trajectories:
-    """Convert imitation ``TrajectoryWithRew`` objects (or anything with ``obs``,
-    ``acts``, ``rews``/no rews, ``terminal`` attributes) into :class:`Trajectories`.
+    """Deprecated: use :func:`jaxweight.interop.imitation.trajectories_from_imitation`."""
+    from jaxweight._util import warn_deprecated
+    from jaxweight.interop import imitation as _imx
 
-    imitation is never imported: the objects are read by attribute, so this works
-    whether or not imitation is installed. ``DictObs`` observations are not supported.
-    """
-    if len(trajectories) == 0:
-        raise ValueError("trajectories must contain at least one episode")
-    obs, acts, rews, term = [], [], [], []
-    for i, t in enumerate(trajectories):
-        if not hasattr(t, "obs") or not hasattr(t, "acts"):
-            raise ValueError(f"trajectories[{i}] has no obs/acts attributes: {type(t).__name__}")
-        if not isinstance(t.obs, np.ndarray | jax.Array):
-            raise ValueError(f"trajectories[{i}].obs must be an array (DictObs is not supported)")
-        obs.append(t.obs)
-        acts.append(t.acts)
-        r = getattr(t, "rews", None)
-        rews.append(np.zeros(len(t.acts), np.float32) if r is None else r)
-        term.append(bool(getattr(t, "terminal", True)))
-    return trajectories_from_arrays(obs, acts, rews, term, horizon=horizon)
+    warn_deprecated("jaxweight.preference.data.trajectories_from_imitation",
+                    "jaxweight.interop.imitation.trajectories_from_imitation")
+    return _imx.trajectories_from_imitation(trajectories, horizon=horizon)
 
 
 def fragment_pairs_from_arrays(
@@ -295,23 +326,13 @@ def fragment_pairs_from_arrays(
 
 
 def fragment_pairs_from_imitation(pairs: Sequence[tuple[Any, Any]]) -> FragmentPairs:
-    """Convert imitation's ``[(TrajectoryWithRew, TrajectoryWithRew), ...]`` fragment pairs.
+    """Deprecated: use :func:`jaxweight.interop.imitation.fragment_pairs_from_imitation`."""
+    from jaxweight._util import warn_deprecated
+    from jaxweight.interop import imitation as _imx
 
-    All fragments must have the same length ``L``. imitation is never imported.
-    """
-    if len(pairs) == 0:
-        raise ValueError("pairs must contain at least one pair")
-    lens = {len(f.acts) for pair in pairs for f in pair}
-    if len(lens) != 1:
-        raise ValueError(f"all fragments must have the same length, got lengths {sorted(lens)}")
-    obs = np.stack([np.stack([np.asarray(f.obs) for f in pair]) for pair in pairs])
-    acts = np.stack([np.stack([np.asarray(f.acts) for f in pair]) for pair in pairs])
-    rews = np.stack([
-        np.stack([np.zeros(len(f.acts)) if getattr(f, "rews", None) is None else np.asarray(f.rews) for f in pair])
-        for pair in pairs
-    ])
-    term = np.array([[bool(getattr(f, "terminal", False)) for f in pair] for pair in pairs])
-    return fragment_pairs_from_arrays(obs, acts, rews, term)
+    warn_deprecated("jaxweight.preference.data.fragment_pairs_from_imitation",
+                    "jaxweight.interop.imitation.fragment_pairs_from_imitation")
+    return _imx.fragment_pairs_from_imitation(pairs)
 
 
 # ---------------------------------------------------------------- utilities
@@ -349,12 +370,22 @@ def discounted_returns(rews: Array, discount: Any = 1.0) -> Array:
 
     Args:
       rews: ``f[..., L]`` rewards.
-      discount: scalar discount factor (may be traced).
+      discount: scalar discount factor in ``[0, 1]`` (may be traced).
 
     Returns:
       ``f32[...]``.
+
+    Raises:
+      ValueError: ``discount`` outside ``[0, 1]`` or NaN (eagerly, or through
+        ``jaxweight.checked`` when traced).
     """
     check_rank(rews, tuple(range(1, 8)), "rews")
+    check_value(discount, "discount", ge=0.0, le=1.0)
+    return _discounted_returns(rews, discount)
+
+
+def _discounted_returns(rews: Array, discount: Any) -> Array:
+    """:func:`discounted_returns` with a checked ``discount`` (the teacher's jitted core)."""
     rews = jnp.asarray(rews, jnp.float32)
     length = rews.shape[-1]
     weights = jnp.asarray(discount, jnp.float32) ** jnp.arange(length, dtype=jnp.float32)

@@ -57,6 +57,7 @@ __all__ = [
     "make_env",
     "oracle_reward",
     "ENVS",
+    "env_step",
 ]
 
 Array = jax.Array
@@ -65,6 +66,32 @@ Array = jax.Array
 RewardFn = Callable[[Any, Array, Array, Array, Array], Array]
 
 _F32_MAX = float(jnp.finfo(jnp.float32).max)
+
+
+def env_step(env: environment.Environment, key: Any, state: Any, action: Any, params: Any = None):
+    """``env.step`` (auto-reset) as ``(obs, state, reward, done, info)`` for every supported gymnax.
+
+    The one place that knows both gymnax step signatures: gymnax 0.0.x returns
+    ``(obs, state, reward, done, info)``; gymnax 1.x returns
+    ``(obs, state, reward, terminated, truncated, info)``, here folded to
+    ``done = terminated | truncated`` (both kept in ``info``). Works on the
+    batched call too (``jax.vmap(partial(env_step, env), ...)``).
+
+    Args:
+      env: a gymnax environment.
+      key, state, action, params: as ``env.step``.
+
+    Returns:
+      ``(obs, state, reward, done bool[], info dict)``.
+    """
+    out = env.step(key, state, action, params)
+    if len(out) == 6:  # gymnax >= 1.0
+        obs, state, reward, terminated, truncated, info = out
+        done = jnp.logical_or(terminated, truncated)
+        return obs, state, reward, done, {**info, "terminated": terminated, "truncated": truncated}
+    if len(out) == 5:  # gymnax 0.0.x
+        return out
+    raise ValueError(f"{type(env).__name__}.step returned {len(out)} values; expected 5 (gymnax 0.0.x) or 6 (1.x)")
 
 
 class _FixedHorizonEnv(environment.Environment):
@@ -112,6 +139,9 @@ class _FixedHorizonEnv(environment.Environment):
         return self._inner.get_obs(state)
 
     def is_terminal(self, state, params):
+        return state.time >= params.max_steps_in_episode
+
+    def is_terminated(self, state, params):  # gymnax >= 1.0 name of is_terminal
         return state.time >= params.max_steps_in_episode
 
     @property
@@ -434,6 +464,9 @@ class LearnedRewardEnv(environment.Environment):
         return state.obs
 
     def is_terminal(self, state, params):
+        return self.env.is_terminal(state.env_state, params.env_params)
+
+    def is_terminated(self, state, params):  # gymnax >= 1.0 name of is_terminal
         return self.env.is_terminal(state.env_state, params.env_params)
 
     @property

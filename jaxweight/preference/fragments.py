@@ -17,8 +17,9 @@ number of distinct steps, not with ``2 * C * L``.
 Example::
 
     pairs = random_fragments(key, trajs, fragment_length=50, num_pairs=100)
-    picked, scores = active_selection(key, params, net, trajs, 50, 100, sample_factor=10,
-                                      uncertainty_on="all", return_scores=True)
+    picked = active_selection(key, params, net, trajs, 50, 100, sample_factor=10)
+    picked, scores = active_selection_scored(key, params, net, trajs, 50, 100, sample_factor=10,
+                                             uncertainty_on="all")
 
 References:
   imitation ``algorithms/preference_comparisons.py`` (``RandomFragmenter``,
@@ -37,9 +38,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._util import as_key, check_static_int
+from .._util import as_key, check_static_int, check_value, concrete, warn_deprecated
 from .data import FragmentPairs, Trajectories
-from .model import probability
+from .model import _check_bt, probability
 from .reward_nets import ensemble_apply, num_members
 
 Array = jax.Array
@@ -49,6 +50,7 @@ __all__ = [
     "sample_fragment_indices",
     "gather_fragments",
     "active_selection",
+    "active_selection_scored",
     "variance_estimate",
     "uncertainty_scores",
     "UNCERTAINTY_MODES",
@@ -61,12 +63,10 @@ _CHUNK = 8192  # rows per reward-net call when scoring candidates (keeps activat
 _ALL_SCORES = ("logit", "probability", "label", "disagreement", "entropy")
 
 
-def _concrete(x: Any) -> np.ndarray | None:
-    """``x`` as a NumPy array if it is concrete, None under tracing."""
-    try:
-        return np.asarray(x)
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        return None
+def _as_trajectories(trajectories: Any) -> Trajectories:
+    if not isinstance(trajectories, Trajectories):
+        raise ValueError(f"trajectories must be Trajectories, got {type(trajectories).__name__}")
+    return trajectories.check()
 
 
 def _host_checks(lengths: np.ndarray, fragment_length: int, num_pairs: int, warning_threshold: int) -> None:
@@ -182,7 +182,7 @@ def random_fragments(
       key: PRNG key or int seed.
       trajectories: padded episodes.
       fragment_length: ``L >= 1`` (static).
-      num_pairs: ``P >= 0`` (static).
+      num_pairs: ``P >= 1`` (static).
       warning_threshold: log a warning when fewer than ``warning_threshold * 2PL``
         transitions are available (0 disables; imitation's default is 10).
 
@@ -191,15 +191,16 @@ def random_fragments(
       enough, every pair has ``valid = False`` instead of raising.
 
     Raises:
-      ValueError: ``L < 1`` or ``P < 0``; with concrete ``lengths``: "No
+      ValueError: ``L < 1`` or ``P < 1``; with concrete ``lengths``: "No
         trajectories are long enough for the desired fragment length of {L}."
 
     The host-side messages of the original (discarded episodes, too few
     transitions) go to the ``jaxweight.preference`` logger when ``lengths`` is concrete.
     """
     fragment_length = check_static_int(fragment_length, "fragment_length", 1)
-    num_pairs = check_static_int(num_pairs, "num_pairs", 0)
-    lengths_np = _concrete(trajectories.lengths)
+    num_pairs = check_static_int(num_pairs, "num_pairs", 1)
+    _as_trajectories(trajectories)
+    lengths_np = concrete(trajectories.lengths)
     if lengths_np is not None:
         _host_checks(lengths_np, fragment_length, num_pairs, warning_threshold)
     return _random_fragments_core(as_key(key), trajectories, fragment_length, num_pairs)
@@ -230,7 +231,12 @@ def uncertainty_scores(
       :func:`probability`; ``label`` = ``q (1 - q)`` with ``q`` the fraction of
       members with probability > 0.5; ``disagreement`` = std (ddof 0) of the
       probabilities (PEBBLE); ``entropy`` = binary entropy of the mean probability.
+
+    Raises:
+      ValueError: ``noise_prob`` or ``discount`` outside ``[0, 1]``, ``threshold <= 0``
+        or NaN / inf (eagerly, or through ``jaxweight.checked`` when traced).
     """
+    _check_bt(noise_prob, discount, threshold)
     r1 = jnp.asarray(rews1, jnp.float32)
     r2 = jnp.asarray(rews2, jnp.float32)
     return _scores_from_returns(r1.sum(0) - r2.sum(0), _discounted_diff(r2 - r1, discount), noise_prob, threshold)
@@ -287,6 +293,11 @@ def variance_estimate(
     Returns:
       ``f32[]``; vmap over pairs for a batch.
 
+    Raises:
+      ValueError: an unknown mode, wrong shapes; ``noise_prob`` or ``discount``
+        outside ``[0, 1]``, ``threshold <= 0`` or NaN / inf (eagerly, or through
+        ``jaxweight.checked`` when traced).
+
     Example (spec example 3): members as columns ``R1 = [[1,0,2],[1,0,2]]``,
     ``R2 = [[0,0,0],[0,1,0]]`` give logit 6.3333335, probability 0.09923158, label 0.22222222.
     """
@@ -315,8 +326,11 @@ def active_selection(
     return_scores: bool = False,
     warning_threshold: int = 10,
     rewards_per: str = "auto",
-) -> FragmentPairs | tuple[FragmentPairs, dict[str, Array]]:
+) -> FragmentPairs:
     """Pick the ``num_pairs`` candidate pairs the ensemble disagrees on most.
+
+    :func:`active_selection_scored` (same arguments) also returns the scores;
+    ``return_scores=True`` here is its deprecated spelling.
 
     ``C = int(sample_factor * num_pairs)`` candidates come from
     :func:`random_fragments`; member rewards ``r1, r2: [C, L, M]`` (under
@@ -338,14 +352,14 @@ def active_selection(
         probability-based scores (may be traced).
       select_by: the score to rank by when ``uncertainty_on="all"``; one of
         ``"logit"``, ``"probability"``, ``"label"``, ``"disagreement"``, ``"entropy"``.
-      return_scores: also return the selected pairs' scores (a dict of ``f32[num_pairs]``).
+      return_scores: deprecated; use :func:`active_selection_scored`.
       warning_threshold: see :func:`random_fragments`.
       rewards_per: ``"step"`` (score every trajectory step once and gather
         windows), ``"fragment"`` (score the ``2CL`` candidate steps) or
         ``"auto"`` (whichever has fewer rows). Both give the same rewards.
 
     Returns:
-      ``FragmentPairs`` of ``num_pairs`` pairs, or ``(pairs, scores)``. NaN scores rank last.
+      ``FragmentPairs`` of ``num_pairs`` pairs. NaN scores rank last.
 
     Raises:
       ValueError: params without a member axis >= 2 ("active_selection needs
@@ -353,13 +367,54 @@ def active_selection(
         (imitation's message), ``C < num_pairs``, and the errors of
         :func:`random_fragments`.
     """
+    if return_scores:
+        warn_deprecated("active_selection(..., return_scores=True)", "active_selection_scored(...)")
+        return active_selection_scored(
+            key, params, module, trajectories, fragment_length, num_pairs, sample_factor, uncertainty_on,
+            noise_prob=noise_prob, discount=discount, threshold=threshold, select_by=select_by,
+            warning_threshold=warning_threshold, rewards_per=rewards_per,
+        )
+    return active_selection_scored(
+        key, params, module, trajectories, fragment_length, num_pairs, sample_factor, uncertainty_on,
+        noise_prob=noise_prob, discount=discount, threshold=threshold, select_by=select_by,
+        warning_threshold=warning_threshold, rewards_per=rewards_per,
+    )[0]
+
+
+def active_selection_scored(
+    key: Any,
+    params: Any,
+    module: nn.Module,
+    trajectories: Trajectories,
+    fragment_length: int,
+    num_pairs: int,
+    sample_factor: float,
+    uncertainty_on: str = "logit",
+    *,
+    noise_prob: Any = 0.0,
+    discount: Any = 1.0,
+    threshold: Any = 50.0,
+    select_by: str = "logit",
+    warning_threshold: int = 10,
+    rewards_per: str = "auto",
+) -> tuple[FragmentPairs, dict[str, Array]]:
+    """:func:`active_selection` that also returns the selected pairs' scores.
+
+    Returns:
+      ``(pairs, scores)``: ``scores`` maps each computed score name (one, or all
+      five with ``uncertainty_on="all"``) to ``f32[num_pairs]``, in the order of ``pairs``.
+    """
     _check_mode(uncertainty_on, allow_all=True)
     if select_by not in _ALL_SCORES:
         raise ValueError(f"select_by must be one of {_ALL_SCORES}, got {select_by!r}")
     if rewards_per not in ("auto", "step", "fragment"):
         raise ValueError(f"rewards_per must be 'auto', 'step' or 'fragment', got {rewards_per!r}")
     fragment_length = check_static_int(fragment_length, "fragment_length", 1)
-    num_pairs = check_static_int(num_pairs, "num_pairs", 0)
+    num_pairs = check_static_int(num_pairs, "num_pairs", 1)
+    _as_trajectories(trajectories)
+    # sample_factor sets the number of candidates (a shape): it cannot be traced
+    check_value(sample_factor, "sample_factor", ge=1.0, static=True)
+    _check_bt(noise_prob, discount, threshold)
     n_cand = int(sample_factor * num_pairs)
     if n_cand < num_pairs:
         raise ValueError(
@@ -371,7 +426,7 @@ def active_selection(
     if m is None or m < 2:
         raise ValueError("active_selection needs ensemble params (leading member axis >= 2).")
 
-    lengths_np = _concrete(trajectories.lengths)
+    lengths_np = concrete(trajectories.lengths)
     if lengths_np is not None:
         _host_checks(lengths_np, fragment_length, n_cand, warning_threshold)
     mode = rewards_per
@@ -383,9 +438,7 @@ def active_selection(
         module, as_key(key), params, trajectories, hyper, fragment_length, num_pairs, n_cand, uncertainty_on,
         uncertainty_on if uncertainty_on != "all" else select_by, mode,
     )
-    if return_scores:
-        return picked, scores
-    return picked
+    return picked, scores
 
 
 @partial(jax.jit, static_argnums=(0, 5, 6, 7, 8, 9, 10))

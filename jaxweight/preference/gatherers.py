@@ -3,8 +3,8 @@
 Example::
 
     prefs, entropy = synthetic_preferences(key, pairs, temperature=1.0)        # f32[P], f32[]
-    prefs, entropy, valid = synthetic_preferences(key, pairs, mistake_prob=0.1,
-                                                  skip_threshold=0.0, return_valid=True)
+    out = synthetic_teacher(key, pairs, mistake_prob=0.1, skip_threshold=0.0)  # TeacherOutput
+    out.prefs, out.entropy, out.valid, out.n_invalid
 
 References:
   imitation ``SyntheticGatherer`` (https://github.com/HumanCompatibleAI/imitation);
@@ -20,13 +20,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
-from .._util import as_key, masked_mean
-from .data import FragmentPairs, discounted_returns
+from .._util import as_key, check_value, masked_mean, warn_deprecated
+from .data import FragmentPairs, _discounted_returns
 
 Array = jax.Array
 
-__all__ = ["synthetic_preferences", "binary_entropy"]
+__all__ = ["synthetic_preferences", "synthetic_teacher", "TeacherOutput", "binary_entropy"]
 
 
 def binary_entropy(p: Array) -> Array:
@@ -35,7 +36,44 @@ def binary_entropy(p: Array) -> Array:
     return -(jax.scipy.special.xlogy(p, p) + jax.scipy.special.xlogy(1.0 - p, 1.0 - p))
 
 
-def synthetic_preferences(
+@struct.dataclass
+class TeacherOutput:
+    """What a synthetic teacher answers.
+
+    Attributes:
+      prefs: ``f32[P]`` probability / label that fragment 1 is preferred (0.5 for
+        pairs it did not answer).
+      entropy: ``f32[]`` mean binary entropy of the answers over the valid pairs.
+      valid: ``bool[P]``: ``pairs.valid`` minus skipped pairs and pairs with
+        non-finite ground-truth rewards.
+      n_invalid: ``i32[]`` pairs (with ``pairs.valid``) left unanswered because a
+        ground-truth reward is NaN or infinite.
+    """
+
+    prefs: Array
+    entropy: Array
+    valid: Array
+    n_invalid: Array
+
+    def to_dict(self, prefix: str = "preference/teacher") -> dict[str, float]:
+        """Flat ``{"preference/teacher/entropy": ..., ".../n_invalid": ..., ".../n_valid": ...}`` (host side)."""
+        from .. import metrics  # noqa: PLC0415
+
+        return metrics.flatten({"entropy": self.entropy, "n_invalid": self.n_invalid,
+                                "n_valid": jnp.sum(self.valid, dtype=jnp.int32)}, prefix=prefix)
+
+
+def _check(temperature, discount, threshold, mistake_prob, equal_threshold, skip_threshold):
+    check_value(temperature, "temperature", ge=0.0)
+    check_value(discount, "discount", ge=0.0, le=1.0)
+    check_value(threshold, "threshold", gt=0.0)
+    check_value(mistake_prob, "mistake_prob", ge=0.0, le=1.0)
+    check_value(equal_threshold, "equal_threshold", ge=0.0)
+    if skip_threshold is not None:
+        check_value(skip_threshold, "skip_threshold")
+
+
+def synthetic_teacher(
     key: Any,
     pairs: FragmentPairs,
     *,
@@ -46,8 +84,7 @@ def synthetic_preferences(
     mistake_prob: Any = 0.0,
     equal_threshold: Any = 0.0,
     skip_threshold: Any = None,
-    return_valid: bool = False,
-) -> tuple[Array, Array] | tuple[Array, Array, Array]:
+) -> TeacherOutput:
     """Preferences of a simulated teacher who sees the ground-truth rewards.
 
     With ``R = sum_t discount**t * rews`` (float32) for each fragment:
@@ -65,45 +102,88 @@ def synthetic_preferences(
     - ``mistake_prob``: each answer is flipped (``y -> 1 - y``) with this probability;
     - ``equal_threshold``: ``|R1 - R2| < equal_threshold`` gives 0.5 ("equally preferable");
     - ``skip_threshold``: pairs with ``max(R1, R2) <= skip_threshold`` are not
-      answered (``valid = False``); needs ``return_valid=True``.
+      answered (``valid = False``).
+
+    A pair whose ground-truth rewards are not all finite is not answered either:
+    ``valid = False``, ``prefs = 0.5``, counted in ``n_invalid``.
 
     Args:
       key: PRNG key or int seed (Bernoulli draws and mistakes).
       pairs: ``P >= 1`` fragment pairs.
-      temperature, discount, threshold: teacher model (may be traced).
+      temperature: ``>= 0`` (may be traced).
+      discount: in ``[0, 1]``.
       sample: draw 0/1 labels (static).
-      mistake_prob, equal_threshold, skip_threshold: see above.
-      return_valid: also return ``valid bool[P]`` (``pairs.valid`` minus skipped pairs).
+      threshold: ``> 0``, clip bound of the scaled return difference.
+      mistake_prob: in ``[0, 1]``.
+      equal_threshold: ``>= 0``.
+      skip_threshold: ``None`` (off) or a finite number.
 
     Returns:
-      ``(prefs f32[P], entropy f32[])``, or ``(prefs, entropy, valid)``.
+      :class:`TeacherOutput`.
 
     Raises:
-      ValueError: ``P == 0``; ``skip_threshold`` without ``return_valid=True``.
-
-    Example (spec example 4): pairs ([1,1] vs [0,0]), ([1,0] vs [0,1]), ([0,0] vs [5,5])
-    give ``[1, .5, 0]`` at T=0 and ``[.880797, .5, 4.54e-5]`` at T=1 with ``sample=False``.
+      ValueError: ``P == 0``; a setting outside its range (eagerly, or through
+        ``jaxweight.checked`` when traced).
     """
+    if not isinstance(pairs, FragmentPairs):
+        raise ValueError(f"pairs must be FragmentPairs, got {type(pairs).__name__}")
     if pairs.num_pairs == 0:
         raise ValueError("pairs must contain at least one pair (P == 0)")
-    if skip_threshold is not None and not return_valid:
-        raise ValueError("skip_threshold marks skipped pairs invalid: pass return_valid=True to receive them")
+    _check(temperature, discount, threshold, mistake_prob, equal_threshold, skip_threshold)
     f32 = lambda v: jnp.asarray(v, jnp.float32)  # noqa: E731
-    prefs, entropy, valid = _teacher(
+    prefs, entropy, valid, n_invalid = _teacher(
         as_key(key), pairs, f32(temperature), f32(discount), f32(threshold), f32(mistake_prob),
         f32(equal_threshold), f32(0.0 if skip_threshold is None else skip_threshold), bool(sample),
         skip_threshold is not None,
     )
+    return TeacherOutput(prefs=prefs, entropy=entropy, valid=valid, n_invalid=n_invalid)
+
+
+def synthetic_preferences(
+    key: Any,
+    pairs: FragmentPairs,
+    *,
+    temperature: Any = 1.0,
+    discount: Any = 1.0,
+    sample: bool = True,
+    threshold: Any = 50.0,
+    mistake_prob: Any = 0.0,
+    equal_threshold: Any = 0.0,
+    skip_threshold: Any = None,
+    return_valid: bool = False,
+) -> tuple[Array, Array]:
+    """``(prefs f32[P], entropy f32[])`` of :func:`synthetic_teacher` (imitation's ``SyntheticGatherer``).
+
+    Same arguments as :func:`synthetic_teacher`. Use :func:`synthetic_teacher`
+    to also receive which pairs were answered (``skip_threshold``, non-finite
+    rewards). ``return_valid=True`` is deprecated (it returned a third value).
+
+    Raises:
+      ValueError: ``P == 0``; ``skip_threshold`` (use :func:`synthetic_teacher`);
+        a setting outside its range.
+
+    Example (spec example 4): pairs ([1,1] vs [0,0]), ([1,0] vs [0,1]), ([0,0] vs [5,5])
+    give ``[1, .5, 0]`` at T=0 and ``[.880797, .5, 4.54e-5]`` at T=1 with ``sample=False``.
+    """
     if return_valid:
-        return prefs, entropy, valid
-    return prefs, entropy
+        warn_deprecated("synthetic_preferences(..., return_valid=True)", "synthetic_teacher(...)")
+    elif skip_threshold is not None:
+        raise ValueError("skip_threshold marks skipped pairs invalid: use synthetic_teacher(...) to receive them")
+    out = synthetic_teacher(key, pairs, temperature=temperature, discount=discount, sample=sample,
+                            threshold=threshold, mistake_prob=mistake_prob, equal_threshold=equal_threshold,
+                            skip_threshold=skip_threshold)
+    if return_valid:
+        return out.prefs, out.entropy, out.valid
+    return out.prefs, out.entropy
 
 
 @partial(jax.jit, static_argnums=(8, 9))
 def _teacher(key, pairs, temperature, discount, threshold, mistake_prob, equal_threshold, skip_threshold, sample,
              skip):
     k_sample, k_mistake = jax.random.split(key)
-    rets = discounted_returns(pairs.rews, discount)  # [P, 2]
+    finite = jnp.all(jnp.isfinite(pairs.rews.reshape(pairs.rews.shape[0], -1)), axis=-1)  # [P]
+    rews = jnp.where(finite[:, None, None], pairs.rews, 0.0)  # never let NaN reach the draws
+    rets = _discounted_returns(rews, discount)  # [P, 2] (discount checked by synthetic_teacher)
     r1, r2 = rets[:, 0], rets[:, 1]
     is_zero = temperature == 0
     safe_t = jnp.where(is_zero, 1.0, temperature)
@@ -116,10 +196,12 @@ def _teacher(key, pairs, temperature, discount, threshold, mistake_prob, equal_t
 
     flip = jax.random.uniform(k_mistake, prefs.shape) < mistake_prob
     prefs = jnp.where(flip, 1.0 - prefs, prefs)
-    prefs = jnp.where(jnp.abs(r1 - r2) < equal_threshold, 0.5, prefs).astype(jnp.float32)
+    prefs = jnp.where(jnp.abs(r1 - r2) < equal_threshold, 0.5, prefs)
 
-    valid = jnp.asarray(pairs.valid, bool)
+    given = jnp.asarray(pairs.valid, bool)
+    valid = given & finite
     if skip:
         valid = valid & (jnp.maximum(r1, r2) > skip_threshold)
+    prefs = jnp.where(finite, prefs, 0.5).astype(jnp.float32)
     entropy = masked_mean(binary_entropy(jnp.where(is_zero, prefs, p)), valid)
-    return prefs, entropy, valid
+    return prefs, entropy, valid, jnp.sum(given & ~finite, dtype=jnp.int32)

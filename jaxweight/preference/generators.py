@@ -42,6 +42,7 @@ References:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Protocol
@@ -54,9 +55,9 @@ from flax import linen as nn
 from flax import struct
 from gymnax.environments import environment, spaces
 
-from .._util import as_key, check_static_int
+from .._util import as_key, check_static_int, check_value
 from .data import Trajectories
-from .envs import LearnedRewardEnv, LearnedRewardParams, LearnedRewardState, make_env
+from .envs import LearnedRewardEnv, LearnedRewardParams, LearnedRewardState, env_step, make_env
 
 __all__ = [
     "TrajectoryGenerator",
@@ -177,8 +178,19 @@ class DatasetGenerator:
         self.num_trajectories = int(lengths.size)
         self.total_steps = int(lengths.sum())
         term = np.asarray(jax.device_get(trajectories.terminal), bool)
-        # static facts the loop uses for its variable-horizon check
+        # static facts the loop uses for its variable-horizon and fragment-length checks
         self.horizons = tuple(sorted({int(n) for n in lengths[term]}))
+        self.max_length = int(lengths.max())
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Size and content hash of the dataset (the loop stores it in checkpoints)."""
+        h = hashlib.sha256()
+        for leaf in jax.tree.leaves(self.trajectories):
+            a = np.ascontiguousarray(np.asarray(jax.device_get(leaf)))
+            h.update(str((a.shape, a.dtype.str)).encode())
+            h.update(a.tobytes())
+        return {"num_trajectories": self.num_trajectories, "total_steps": self.total_steps,
+                "sha256": h.hexdigest()}
 
     def init(self, key: Any = None) -> DatasetState:
         del key
@@ -276,6 +288,19 @@ class PPOHParams:
     @classmethod
     def create(cls, learning_rate=1e-3, gamma=0.99, gae_lambda=0.95, clip_eps=0.2, ent_coef=0.01, vf_coef=0.5,
                vf_clip=0.0, anneal_steps=0.0):
+        """Validated hyperparameters.
+
+        Raises:
+          ValueError: naming the value and its range: ``learning_rate``,
+            ``clip_eps``, ``ent_coef``, ``vf_coef``, ``vf_clip``, ``anneal_steps``
+            must be finite and >= 0; ``gamma`` and ``gae_lambda`` in [0, 1].
+        """
+        check_value(learning_rate, "learning_rate", ge=0.0)
+        check_value(gamma, "gamma", ge=0.0, le=1.0)
+        check_value(gae_lambda, "gae_lambda", ge=0.0, le=1.0)
+        for name, v in (("clip_eps", clip_eps), ("ent_coef", ent_coef), ("vf_coef", vf_coef), ("vf_clip", vf_clip),
+                        ("anneal_steps", anneal_steps)):
+            check_value(v, name, ge=0.0)
         f = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
         return cls(f(learning_rate), f(gamma), f(gae_lambda), f(clip_eps), f(ent_coef), f(vf_coef), f(vf_clip),
                    f(anneal_steps))
@@ -481,8 +506,7 @@ class AgentGenerator:
         self.hparams = hparams
         for name, v in (("exploration_frac", exploration_frac), ("switch_prob", switch_prob),
                         ("random_prob", random_prob)):
-            if not 0.0 <= float(v) <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {v}")
+            check_value(v, name, ge=0.0, le=1.0, static=True)  # stored as Python floats
         self.exploration_frac = float(exploration_frac)
         self.switch_prob = float(switch_prob)
         self.random_prob = float(random_prob)
@@ -492,6 +516,9 @@ class AgentGenerator:
         cfg = self.config
         for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs"):
             check_static_int(getattr(cfg, name), f"config.{name}", 1)
+        check_value(cfg.max_grad_norm, "config.max_grad_norm", gt=0.0, static=True)
+        if not all(isinstance(h, int | np.integer) and h >= 1 for h in cfg.hidden_sizes):
+            raise ValueError(f"config.hidden_sizes must be ints >= 1, got {cfg.hidden_sizes!r}")
         if cfg.batch_size % cfg.num_minibatches:
             raise ValueError(
                 f"num_envs * num_steps ({cfg.batch_size}) must be a multiple of config.num_minibatches "
@@ -511,6 +538,20 @@ class AgentGenerator:
         # Static facts for the loop's variable-horizon check: environments that declare
         # `fixed_horizon` always run `horizon` steps; for others the loop checks the samples.
         self.horizons = (self.horizon,) if getattr(env, "fixed_horizon", False) else None
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Every setting of this agent that changes results (JSON-ready; the loop stores it in checkpoints)."""
+        fp = {"env": str(getattr(self.base_env, "name", type(self.base_env).__name__)),
+              "env_params": repr(self.env_params), "horizon": self.horizon,
+              "exploration_frac": self.exploration_frac, "switch_prob": self.switch_prob,
+              "random_prob": self.random_prob}
+        for f in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "hidden_sizes", "activation",
+                  "max_grad_norm"):
+            fp[f"ppo/{f}"] = getattr(self.config, f)
+        for f in ("learning_rate", "gamma", "gae_lambda", "clip_eps", "ent_coef", "vf_coef", "vf_clip",
+                  "anneal_steps"):
+            fp[f"ppo/{f}"] = np.asarray(jax.device_get(getattr(self.hparams, f))).tolist()
+        return fp
 
     @classmethod
     def from_name(cls, name: str, reward_apply: Callable | None = None, *, horizon: int | None = None, **kwargs):
@@ -621,7 +662,7 @@ class AgentGenerator:
             out, log_std, value = self.network.apply(ppo.params, obs)
             a = _sample_action(k_act, out, log_std, self.discrete)
             logp, _ = _log_prob_entropy(out, log_std, a, self.discrete)
-            obs2, env_state, r, done, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+            obs2, env_state, r, done, info = jax.vmap(partial(env_step, env), in_axes=(0, 0, 0, None))(
                 jax.random.split(k_env, cfg.num_envs), env_state, self._env_action(a), env_params
             )
             true_r = info["true_reward"] if self.env is not None else r

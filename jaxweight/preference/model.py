@@ -26,7 +26,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from .._util import check_rank, check_same_shape, masked_mean
+from .._util import check_rank, check_same_shape, check_value, masked_mean
 from .data import FragmentPairs
 
 Array = jax.Array
@@ -59,11 +59,28 @@ def probability(
       ``f32[]`` for ``[L]`` inputs, ``f32[M]`` for ``[L, M]``. Ties and ``L = 0`` give 0.5.
       The hyperparameters may be traced (vmapped sweeps compile once).
 
+    Raises:
+      ValueError: ``noise_prob`` or ``discount`` outside ``[0, 1]``, ``threshold <= 0``
+        or any of them NaN / inf (eagerly, or through ``jaxweight.checked`` when traced).
+
     Example:
       >>> probability(jnp.array([1., 2., 3.]), jnp.array([0., 1., 1.]))  # 0.9820138
     """
     check_rank(rews1, (1, 2), "rews1")
     check_same_shape(rews1, rews2, "rews1", "rews2")
+    _check_bt(noise_prob, discount, threshold)
+    return _probability(rews1, rews2, noise_prob, discount, threshold)
+
+
+def _check_bt(noise_prob: Any, discount: Any, threshold: Any) -> None:
+    """The ranges of the Bradley-Terry settings (the trainer's ``_HPARAM_RANGES`` use the same)."""
+    check_value(noise_prob, "noise_prob", ge=0.0, le=1.0)
+    check_value(discount, "discount", ge=0.0, le=1.0)
+    check_value(threshold, "threshold", gt=0.0)
+
+
+def _probability(rews1: Array, rews2: Array, noise_prob: Any, discount: Any, threshold: Any) -> Array:
+    """:func:`probability` on checked settings (the trainer's hot path checks them once per step)."""
     r1 = jnp.asarray(rews1, jnp.float32)
     r2 = jnp.asarray(rews2, jnp.float32)
     length = r1.shape[0]
@@ -112,9 +129,18 @@ def preference_probabilities(
       ensemble, one column per member; this is what imitation's
       ``PreferenceModel.forward`` would return if it worked for ensembles);
       ``gt_probs`` is ``f32[P]`` from the pairs' ground-truth rewards.
+
+    Raises:
+      ValueError: a setting outside its range (see :func:`probability`).
     """
+    _check_bt(noise_prob, discount, threshold)
+    return _preference_probabilities(module, params, pairs, noise_prob, discount, threshold, ensemble)
+
+
+def _preference_probabilities(module, params, pairs, noise_prob, discount, threshold, ensemble):
+    """:func:`preference_probabilities` on checked settings (used inside the trainer's jitted step)."""
     r = fragment_rewards(module, params, pairs, ensemble=ensemble)
-    prob = jax.vmap(lambda a, b: probability(a, b, noise_prob=noise_prob, discount=discount, threshold=threshold))
+    prob = jax.vmap(lambda a, b: _probability(a, b, noise_prob, discount, threshold))
     probs = prob(r[:, 0], r[:, 1])
     gt = prob(pairs.rews[:, 0], pairs.rews[:, 1])
     return probs, gt

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from .._util import as_key
+from .._util import as_key, check_choice, check_static_int, check_value, concrete
 
 Array = jax.Array
 
@@ -61,6 +61,7 @@ __all__ = [
     "is_image_space",
     "flat_dim",
     "preprocess",
+    "valid_inputs",
     "RewardMLP",
     "PotentialMLP",
     "ShapedRewardNet",
@@ -205,23 +206,34 @@ def flat_dim(space: Space) -> int:
     return int(np.prod(space.shape, dtype=np.int64))
 
 
-def preprocess(space: Any, x: Array, normalize_images: bool = True) -> Array:
+def preprocess(space: Any, x: Array, normalize_images: bool = True, *, name: str = "x") -> Array:
     """Network-ready float32 features of raw values ``x`` of ``space``.
 
     Args:
       space: the space of ``x`` (ours, gymnax or gym/gymnasium).
       x: ``[..., *space.shape]`` raw values (any leading batch shape).
       normalize_images: divide image spaces (:func:`is_image_space`) by 255.
+      name: what ``x`` is, for error messages.
 
     Returns:
       ``f32[..., *space.shape]`` for Box / MultiBinary, ``f32[..., n]`` for
       Discrete (one-hot), ``f32[..., sum(nvec)]`` for MultiDiscrete.
+
+    Raises:
+      ValueError: ``x`` does not end in the space's shape; a concrete discrete
+        value outside ``[0, n)`` (traced out-of-range values one-hot to zeros;
+        the reward trainer masks and counts them, see :func:`valid_inputs`).
     """
     space = as_space(space)
     x = jnp.asarray(x)
     nd = len(space.shape)
     if x.ndim < nd or tuple(x.shape[x.ndim - nd:]) != tuple(space.shape):
-        raise ValueError(f"x must have shape (..., {', '.join(map(str, space.shape))}) for {space}, got {x.shape}")
+        raise ValueError(f"{name} must have shape (..., {', '.join(map(str, space.shape))}) for {space}, got {x.shape}")
+    if isinstance(space, Discrete | MultiDiscrete):
+        c = concrete(x)
+        if c is not None and c.size and not bool(np.all(_in_range(space, c, np))):
+            bad = c[~_in_range(space, c, np)].reshape(-1)[0]
+            raise ValueError(f"{name} has value {bad} outside the range of {space} (valid: 0 .. n - 1)")
     if isinstance(space, Discrete):
         return jax.nn.one_hot(x, space.n, dtype=jnp.float32)
     if isinstance(space, MultiDiscrete):
@@ -232,6 +244,42 @@ def preprocess(space: Any, x: Array, normalize_images: bool = True) -> Array:
     if normalize_images and is_image_space(space):
         return x.astype(jnp.float32) / 255.0
     return x.astype(jnp.float32)
+
+
+def _in_range(space: Space, x: Any, xp: Any = jnp) -> Any:
+    """Element-wise: ``0 <= x < n`` for Discrete / MultiDiscrete values (``[..., k]`` for MultiDiscrete)."""
+    if isinstance(space, Discrete):
+        return (x >= 0) & (x < space.n)
+    return (x >= 0) & (x < xp.asarray(space.nvec))
+
+
+def valid_inputs(module: nn.Module, obs: Array, acts: Array, lead: int = 1) -> Array:
+    """Which items a reward module can score: ``bool[*obs.shape[:lead]]``.
+
+    An item (e.g. a fragment pair, ``lead = 1`` for ``[P, 2, L+1, ...]``) is
+    valid when every float observation / action entry is finite and every
+    discrete one lies inside the module's space (``observation_space`` /
+    ``action_space`` attributes, looked up on ``module`` or its ``base``).
+    """
+
+    def ok(x, space):
+        x = jnp.asarray(x)
+        good = jnp.isfinite(x) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.ones(x.shape, bool)
+        space = as_space(space)
+        if isinstance(space, Discrete | MultiDiscrete):
+            good = good & _in_range(space, x)
+        return jnp.all(good.reshape(good.shape[:lead] + (-1,)), axis=-1)
+
+    def space_of(attr):
+        m = module
+        while m is not None:
+            sp = getattr(m, attr, None)
+            if sp is not None:
+                return sp
+            m = getattr(m, "base", None)
+        return None
+
+    return ok(obs, space_of("observation_space")) & ok(acts, space_of("action_space"))
 
 
 def _features(space: Space | None, x: Array, batch_shape: tuple[int, ...], normalize_images: bool, name: str) -> Array:
@@ -245,7 +293,7 @@ def _features(space: Space | None, x: Array, batch_shape: tuple[int, ...], norma
             )
         feats = x.astype(jnp.float32)
     else:
-        feats = preprocess(space, x, normalize_images)
+        feats = preprocess(space, x, normalize_images, name=name)
     nb = len(batch_shape)
     if tuple(feats.shape[:nb]) != tuple(batch_shape):
         raise ValueError(f"{name} must have leading batch shape {batch_shape} (the shape of done), got {x.shape}")
@@ -308,6 +356,17 @@ class RewardMLP(nn.Module):
         if self.use_done:
             parts.append(jnp.asarray(done, jnp.float32)[..., None])
         x = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
+        first = "dense0" if self.hidden_sizes else "dense_final"
+        if self.has_variable("params", first):  # applied with params: their input width must match
+            want = int(self.get_variable("params", first)["kernel"].shape[0])
+            if x.shape[-1] != want:
+                names = [n for n, on in (("state", self.use_state), ("action", self.use_action),
+                                         ("next_state", self.use_next_state), ("done", self.use_done)) if on]
+                detail = " + ".join(f"{n} {p.shape[-1]}" for n, p in zip(names, parts))
+                raise ValueError(
+                    f"RewardMLP got {x.shape[-1]} input features ({detail}) but its params expect {want}: "
+                    "the observation / action sizes differ from the ones the net was initialised with"
+                )
         # one 2-D matrix of rows: XLA's CPU dot kernels are faster on [rows, features] than on
         # the same contraction with several batch dimensions
         x = x.reshape(-1, x.shape[-1])
@@ -355,7 +414,8 @@ class ShapedRewardNet(nn.Module):
     Attributes:
       base: a reward module called as ``base(state, action, next_state, done)``.
       potential: a module called as ``potential(state)``.
-      discount_factor: shaping discount (static; imitation default 0.99).
+      discount_factor: shaping discount in ``[0, 1]`` (static; imitation default 0.99);
+        a value outside it, NaN or a traced value raises ``ValueError``.
 
     References:
       Ng, Harada, Russell (1999), "Policy invariance under reward transformations".
@@ -364,6 +424,10 @@ class ShapedRewardNet(nn.Module):
     base: nn.Module
     potential: nn.Module
     discount_factor: float = 0.99
+
+    def __post_init__(self):
+        check_value(self.discount_factor, "discount_factor", ge=0.0, le=1.0, static=True)
+        super().__post_init__()
 
     @nn.compact
     def __call__(self, state: Array, action: Array, next_state: Array, done: Array) -> Array:
@@ -446,9 +510,7 @@ def ensemble_apply(module: nn.Module, params: Any, *inputs: Any, chunk_size: int
     if chunk_size is None:
         out = jax.vmap(lambda p: module.apply(p, *inputs))(params)
         return jnp.moveaxis(out, 0, -1)
-    chunk = int(chunk_size)
-    if chunk < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    chunk = check_static_int(chunk_size, "chunk_size", 1)
     batch = tuple(jnp.shape(inputs[-1]))
     rows = int(np.prod(batch, dtype=np.int64))
     chunk = min(chunk, max(rows, 1))
@@ -485,7 +547,17 @@ def ensemble_moments(member_rewards: Array, axis: int = -1) -> tuple[Array, Arra
 
 def add_std(mean: Array, var: Array, alpha: Any = 0.0) -> Array:
     """``mean + alpha * sqrt(var)``: imitation's ``AddSTDRewardWrapper`` (optimism /
-    pessimism bonus for the agent's reward; never used to train the reward net)."""
+    pessimism bonus for the agent's reward; never used to train the reward net).
+
+    Raises:
+      ValueError: ``alpha`` NaN or infinite (any finite sign is accepted: ``alpha < 0``
+        is pessimism), eagerly or through ``jaxweight.checked`` when traced.
+    """
+    check_value(alpha, "alpha")
+    return _add_std(mean, var, alpha)
+
+
+def _add_std(mean: Array, var: Array, alpha: Any) -> Array:
     return jnp.asarray(mean, jnp.float32) + jnp.asarray(alpha, jnp.float32) * jnp.sqrt(jnp.maximum(var, 0.0))
 
 
@@ -493,8 +565,17 @@ def ensemble_reward(module: nn.Module, params: Any, *inputs: Any, alpha: Any = 0
     """Processed ensemble reward for the agent: ``add_std(*ensemble_moments(r), alpha)``.
 
     With ``alpha = 0`` this is the member mean (imitation's ``RewardEnsemble.predict``).
+
+    Raises:
+      ValueError: ``alpha`` NaN or infinite (see :func:`add_std`).
     """
-    return add_std(*ensemble_moments(ensemble_apply(module, params, *inputs)), alpha)
+    check_value(alpha, "alpha")
+    return _ensemble_reward(module, params, inputs, alpha)
+
+
+def _ensemble_reward(module: nn.Module, params: Any, inputs: Sequence[Any], alpha: Any) -> Array:
+    """:func:`ensemble_reward` with a checked ``alpha`` (the agent's per-step reward: no check in the hot loop)."""
+    return _add_std(*ensemble_moments(ensemble_apply(module, params, *inputs)), alpha)
 
 
 def num_members(module: nn.Module, params: Any, example_inputs: Sequence[Any]) -> int | None:
@@ -542,11 +623,14 @@ class RewardNormState:
 
 
 def reward_norm_init(kind: str = "running", decay: float = 0.99) -> RewardNormState:
-    """Identity normaliser (mean 0, var 1). ``kind``: ``"running"`` or ``"ema"``; ``0 < decay < 1``."""
-    if kind not in ("running", "ema"):
-        raise ValueError(f"kind must be 'running' or 'ema', got {kind!r}")
-    if isinstance(decay, int | float) and not 0 < decay < 1:
-        raise ValueError("decay must be between 0 and 1")
+    """Identity normaliser (mean 0, var 1). ``kind``: ``"running"`` or ``"ema"``; ``0 < decay < 1``.
+
+    Raises:
+      ValueError: an unknown ``kind``; ``decay`` outside ``(0, 1)`` or NaN (also
+        through ``jaxweight.checked`` when traced).
+    """
+    check_choice(kind, "kind", ("running", "ema"))
+    check_value(decay, "decay", gt=0.0, lt=1.0)
     return RewardNormState(
         mean=jnp.zeros((), jnp.float32), var=jnp.ones((), jnp.float32), count=jnp.zeros((), jnp.int32),
         inv_learning_rate=jnp.zeros((), jnp.float32), num_batches=jnp.zeros((), jnp.int32),
@@ -560,11 +644,14 @@ def reward_norm_update(state: RewardNormState, batch: Array, mask: Array | None 
     Args:
       state: current statistics.
       batch: ``f32[...]`` rewards (flattened).
-      mask: optional ``bool[...]``; only True entries count. An empty batch
-        leaves the state unchanged.
+      mask: optional ``bool[...]``; only True entries count. Non-finite
+        entries never count. A batch without a (finite) entry leaves the state
+        exactly unchanged.
     """
     x = jnp.asarray(batch, jnp.float32).reshape(-1)
     m = jnp.ones(x.shape, bool) if mask is None else jnp.broadcast_to(jnp.asarray(mask, bool), jnp.shape(batch)).reshape(-1)
+    m = m & jnp.isfinite(x)  # NaN / inf rewards never reach the statistics
+    x = jnp.where(m, x, 0.0)
     n_i = jnp.sum(m, dtype=jnp.int32)
     n = n_i.astype(jnp.float32)
     safe_n = jnp.maximum(n, 1.0)
@@ -591,7 +678,12 @@ def reward_norm_update(state: RewardNormState, batch: Array, mask: Array | None 
 
 
 def reward_norm_apply(state: RewardNormState, rewards: Array, eps: float = 1e-5) -> Array:
-    """``(r - mean) / sqrt(var + eps)``."""
+    """``(r - mean) / sqrt(var + eps)``.
+
+    Raises:
+      ValueError: ``eps`` negative or NaN / inf (eagerly, or through ``jaxweight.checked`` when traced).
+    """
+    check_value(eps, "eps", ge=0.0)
     return (jnp.asarray(rewards, jnp.float32) - state.mean) / jnp.sqrt(state.var + eps)
 
 
@@ -603,6 +695,9 @@ def normalize_rewards(
 
     Returns:
       ``(new_state, normalized f32[...])``.
+
+    Raises:
+      ValueError: ``eps`` negative or NaN / inf (see :func:`reward_norm_apply`).
     """
     out = reward_norm_apply(state, rewards, eps)
     if update_stats:

@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._util import check_value
+
 Array = jax.Array
 
 __all__ = ["QUERY_SCHEDULES", "get_schedule", "oric", "allocate_comparisons"]
@@ -109,8 +111,7 @@ def allocate_comparisons(
         raise ValueError(f"total must be an int >= 0, got {total!r}")
     if isinstance(num_iterations, bool) or not isinstance(num_iterations, int | np.integer) or num_iterations < 1:
         raise ValueError(f"num_iterations must be an int >= 1, got {num_iterations!r}")
-    if not 0.0 <= float(initial_fraction) <= 1.0:
-        raise ValueError(f"initial_fraction must be in [0, 1], got {initial_fraction!r}")
+    check_value(initial_fraction, "initial_fraction", ge=0.0, le=1.0, static=True)
     init = int(total * initial_fraction)
     rest = int(total) - init
     unnormalized = np.asarray(np.vectorize(fn, otypes=[np.float64])(np.linspace(0, 1, int(num_iterations))))

@@ -1,5 +1,16 @@
 """Reward-model training on a preference buffer (imitation ``BasicRewardTrainer`` / ``EnsembleTrainer``).
 
+One train step, used everywhere. :func:`train_step` (one optimiser step on a
+batch), :func:`train_epoch` (one pass over the buffer), :func:`train_epochs` /
+:func:`train_reward` (several epochs in one compiled loop), the host class
+:class:`RewardTrainer`, the preference loop and the data-parallel
+``jaxweight.distributed.reward_train_step`` all run the same per-member step
+(``_member_step``). It is single-device by default; with ``axis_name=`` (inside
+``jax.shard_map``) every device computes the gradient of its rows of each batch
+and the shard gradients are added with ``lax.psum``; ``mesh=`` does the
+``shard_map`` for you. Ensembles and single nets share one code path (members
+are ``vmap``-ed; a single net is the same function without the member axis).
+
 The semantics follow imitation v1.0.1 exactly where they are observable:
 
 - optimiser: ``optax.adamw(lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01)``,
@@ -22,24 +33,28 @@ The semantics follow imitation v1.0.1 exactly where they are observable:
   validation split;
 - metrics: ``reward/epoch-{k}/train/{loss,accuracy,gt_reward_loss}`` (means
   over the epoch's minibatches), the last epoch copied to ``reward/final/...``,
-  and for ensembles the member mean plus ``<name>_std`` (ddof 0).
+  and for ensembles the member mean plus ``<name>_std`` (ddof 0);
+  :func:`metrics_dict` gives the flat ``{"preference/loss", "preference/accuracy",
+  "preference/n_invalid", ...}`` of one step / epoch / call.
 
-Design. ``N`` is traced: the epoch is a ``lax.scan`` over the static maximum
-number of steps ``ceil(capacity / batch_size)``; a step without data is
-skipped by ``lax.cond`` on a predicate shared by all members, so its params
-and optimiser state stay bit-identical (and it costs nothing unless the whole
-thing is itself vmapped over, e.g., seeds, where ``cond`` becomes a select).
+Bad data. A pair with a non-finite observation or action, a preference that
+is non-finite or outside ``[0, 1]``, or a discrete action / observation out of
+its space's range is invalid: it is left out of the loss and the gradients
+(its inputs are replaced before the net runs, so NaN never reaches a
+gradient), and counted in the ``n_invalid`` metric. A batch without a valid
+pair leaves params and optimiser state exactly unchanged. Bad hyperparameters
+(negative or NaN learning rate, probabilities outside [0, 1], ...) raise
+``ValueError`` eagerly, and the same message through
+``jaxweight.checked(jax.jit(...))`` when they are traced.
+
+Design. ``N`` is traced: an epoch is a ``lax.while_loop`` over the
+``ceil(N / batch_size)`` steps with data (steps without data never run).
 Everything continuous (learning rate, AdamW betas/eps/decay, noise,
 discount, clipping threshold, regulariser constants) lives in
 :class:`TrainerHParams` inside the :class:`TrainerState`, so new values never
-recompile and states can be vmapped over hyperparameters or seeds.
-
-The per-batch gradient is :func:`minibatch_grad`: the gradient of
-``sum_i mask_i * loss_i / batch_size`` (plus the Lp penalty). Because it is a
-sum over pairs divided by the *global* batch size, a data-parallel trainer
-shards the batch over devices, calls it per shard and adds the shard
-gradients with ``lax.psum`` (or lets ``jit`` with sharded inputs do the
-reduction); the Lp penalty gradient must then be added once, not per shard.
+recompile and states can be vmapped over hyperparameters or seeds. The static
+structure (module, batch sizes, members, regulariser kind) is the hashable
+:class:`TrainerConfig`, passed last.
 
 Example::
 
@@ -48,6 +63,9 @@ Example::
     state = trainer.init(0, example_inputs)
     state, metrics = trainer.train(state, key, buffer, epoch_multiplier=1.0)
     metrics["reward/final/train/loss"], metrics["reward/final/train/loss_std"]
+    # the pure core, e.g. inside a jitted loop (epochs may be traced):
+    state, m = train_reward(state, key, buffer, trainer.config, epochs=3)
+    metrics_dict(m)    # {"preference/loss": ..., "preference/accuracy": ..., "preference/n_invalid": ...}
 
 References:
   imitation ``algorithms/preference_comparisons.py`` and ``regularization/``;
@@ -57,7 +75,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -67,13 +85,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import struct
-from tqdm import tqdm
 
-from .._util import as_key, check_static_int
+from .._util import as_key, check_static_int, check_value, progress_bar, warn_deprecated
 from .buffer import PreferenceBuffer, buffer_mask
 from .data import FragmentPairs
-from .model import binary_cross_entropy, preference_probabilities
-from .reward_nets import ensemble_init
+from .model import _preference_probabilities, binary_cross_entropy
+from .reward_nets import ensemble_init, valid_inputs
 
 Array = jax.Array
 
@@ -97,7 +114,9 @@ __all__ = [
     "prepare_data",
     "train_epoch",
     "train_epochs",
+    "train_reward",
     "epoch_metrics_dict",
+    "metrics_dict",
 ]
 
 _EPS64 = float(np.finfo(float).eps)
@@ -124,11 +143,14 @@ class IntervalParamScaler:
     loss_ratio: str = "sum"
 
     def __post_init__(self):
+        check_value(self.scaling_factor, "scaling_factor", static=True)
         if not (_EPS64 < self.scaling_factor < 1 - _EPS64):
             raise ValueError("scaling_factor must be in (0, 1) within machine precision.")
         if len(self.tolerable_interval) != 2:
             raise ValueError("tolerable_interval must be a tuple of length 2")
         lo, hi = self.tolerable_interval
+        check_value(lo, "tolerable_interval[0]", static=True)
+        check_value(hi, "tolerable_interval[1]", static=True)
         if not (0 <= lo < hi):
             raise ValueError(
                 "tolerable_interval must be a tuple whose first element is at least 0 and the second "
@@ -146,7 +168,7 @@ class Regularizer:
     Attributes:
       kind: ``"lp"`` (penalty ``lam * sum |theta|^p`` added to each minibatch
         loss) or ``"weight_decay"`` (``theta -= lam * lr * theta`` after each minibatch).
-      initial_lambda: starting strength.
+      initial_lambda: starting strength (finite, >= 0).
       p: Lp exponent (int >= 1).
       lambda_updater: optional :class:`IntervalParamScaler` (needs ``val_split``).
       val_split: fraction of the data held out to drive ``lambda_updater``.
@@ -161,12 +183,15 @@ class Regularizer:
     def __post_init__(self):
         if self.kind not in ("lp", "weight_decay"):
             raise ValueError(f"kind must be 'lp' or 'weight_decay', got {self.kind!r}")
+        check_value(self.initial_lambda, "initial_lambda", ge=0.0, static=True)
         if self.lambda_updater is None and np.allclose(self.initial_lambda, 0.0):
             raise ValueError(
                 "If you do not pass a regularizer parameter updater your regularization strength must be "
                 "non-zero, as this would result in no regularization."
             )
         vs = self.val_split
+        if vs is not None:
+            check_value(vs, "val_split", static=True)
         if vs is not None and (not isinstance(vs, float) or np.allclose(vs, 0.0) or vs <= 0 or vs >= 1):
             raise ValueError(f"val_split = {vs} must be a float strictly between 0 and 1.")
         if self.lambda_updater is not None and vs is None:
@@ -188,6 +213,7 @@ def lp_regularizer(
     val_split: float | None = None,
 ) -> Regularizer:
     """imitation ``LpRegularizer``: adds ``lam * sum_theta |theta|^p`` to every minibatch loss."""
+    check_value(initial_lambda, "initial_lambda", ge=0.0, static=True)
     return Regularizer("lp", float(initial_lambda), p, lambda_updater, val_split)
 
 
@@ -195,7 +221,10 @@ def weight_decay_regularizer(
     initial_lambda: float, *, lambda_updater: IntervalParamScaler | None = None, val_split: float | None = None
 ) -> Regularizer:
     """imitation ``WeightDecayRegularizer``: ``theta -= lam * lr * theta`` after every minibatch."""
+    check_value(initial_lambda, "initial_lambda", ge=0.0, static=True)
     return Regularizer("weight_decay", float(initial_lambda), 2, lambda_updater, val_split)
+
+
 
 
 # ------------------------------------------------------------ config/state
@@ -262,7 +291,7 @@ class TrainerState:
       opt_state: AdamW state (per member for ensembles).
       reg_lambda: ``f32[]`` (``f32[M]``) current regularisation strength (0 without a regulariser).
       hparams: :class:`TrainerHParams`.
-      steps: ``i32[]`` optimiser steps taken so far.
+      steps: ``i32[]`` optimiser steps taken so far (steps on a batch without a valid pair do not count).
     """
 
     params: Any
@@ -281,12 +310,14 @@ class TrainData:
       n_train: ``i32[]`` number of training pairs (the same for every member).
       val_idx: ``i32[C]`` (``[M, C]``) validation slots; the first ``n_val`` are used.
       n_val: ``i32[]``.
+      n_invalid: ``i32[]`` stored pairs left out because their data is bad (see the module docstring).
     """
 
     train_idx: Array
     n_train: Array
     val_idx: Array
     n_val: Array
+    n_invalid: Array
 
 
 def trainer_config(
@@ -302,11 +333,15 @@ def trainer_config(
     """Validate and build a :class:`TrainerConfig`.
 
     Raises:
-      ValueError: "Batch size must be a multiple of minibatch size."; non-positive
-        sizes or epochs; ``num_members < 2``.
+      ValueError: "Batch size must be a multiple of minibatch size."; sizes or
+        epochs < 1; ``minibatch_size > batch_size``; ``num_members < 2``.
     """
+    if not isinstance(module, nn.Module):
+        raise ValueError(f"module must be a flax.linen Module (e.g. RewardMLP), got {type(module).__name__}")
     batch_size = check_static_int(batch_size, "batch_size", 1)
     minibatch_size = batch_size if minibatch_size is None else check_static_int(minibatch_size, "minibatch_size", 1)
+    if minibatch_size > batch_size:
+        raise ValueError(f"minibatch_size must be <= batch_size ({batch_size}), got {minibatch_size}")
     if batch_size % minibatch_size != 0:
         raise ValueError("Batch size must be a multiple of minibatch size.")
     epochs = check_static_int(epochs, "epochs", 1)
@@ -327,6 +362,25 @@ def trainer_config(
     )
 
 
+# name -> accepted range (check_value keywords); the same checks run eagerly in trainer_hparams and,
+# for traced values, inside every training entry point (raised by jaxweight.checked)
+_HPARAM_RANGES = {
+    "learning_rate": dict(ge=0.0),
+    "weight_decay": dict(ge=0.0),
+    "b1": dict(ge=0.0, lt=1.0),
+    "b2": dict(ge=0.0, lt=1.0),
+    "eps": dict(ge=0.0),
+    "noise_prob": dict(ge=0.0, le=1.0),
+    "discount": dict(ge=0.0, le=1.0),
+    "threshold": dict(gt=0.0),
+}
+
+
+def _check_hparams(hp: TrainerHParams) -> None:
+    for name, rng in _HPARAM_RANGES.items():
+        check_value(getattr(hp, name), name, **rng)
+
+
 def trainer_hparams(
     *,
     learning_rate: float = 1e-3,
@@ -339,12 +393,21 @@ def trainer_hparams(
     threshold: float = 50.0,
     regularizer: Regularizer | None = None,
 ) -> TrainerHParams:
-    """Build :class:`TrainerHParams` (defaults: torch AdamW as used by imitation)."""
+    """Build :class:`TrainerHParams` (defaults: torch AdamW as used by imitation).
+
+    Raises:
+      ValueError: a value outside its range (``learning_rate``, ``weight_decay``,
+        ``eps >= 0``; ``b1``, ``b2`` in ``[0, 1)``; ``noise_prob``, ``discount``
+        in ``[0, 1]``; ``threshold > 0``; all finite), naming it and its value.
+    """
     upd = None if regularizer is None else regularizer.lambda_updater
     f = lambda v: jnp.asarray(v, jnp.float32)  # noqa: E731
+    values = dict(learning_rate=learning_rate, weight_decay=weight_decay, b1=b1, b2=b2, eps=eps,
+                  noise_prob=noise_prob, discount=discount, threshold=threshold)
+    for name, v in values.items():
+        check_value(v, name, **_HPARAM_RANGES[name])
     return TrainerHParams(
-        learning_rate=f(learning_rate), weight_decay=f(weight_decay), b1=f(b1), b2=f(b2), eps=f(eps),
-        noise_prob=f(noise_prob), discount=f(discount), threshold=f(threshold),
+        **{k: f(v) for k, v in values.items()},
         reg_scaling_factor=f(0.0 if upd is None else upd.scaling_factor),
         reg_interval_low=f(0.0 if upd is None else upd.tolerable_interval[0]),
         reg_interval_high=f(0.0 if upd is None else upd.tolerable_interval[1]),
@@ -361,16 +424,23 @@ def make_optimizer(hp: TrainerHParams) -> optax.GradientTransformation:
     )
 
 
+def _vm(config: TrainerConfig, fn: Callable, in_axes: Any = 0) -> Callable:
+    """THE ensemble branch: ``fn`` of one member, vmapped over the leading member axis for ensembles."""
+    return jax.vmap(fn, in_axes=in_axes) if config.ensemble else fn
+
+
 def trainer_init(config: TrainerConfig, params: Any, hparams: TrainerHParams, initial_lambda: float = 0.0) -> TrainerState:
-    """Fresh optimiser state for ``params`` (per member for ensembles)."""
+    """Fresh optimiser state for ``params`` (per member for ensembles).
+
+    Raises:
+      ValueError: a hyperparameter outside its range; ``initial_lambda`` negative or NaN.
+    """
+    _check_hparams(hparams)
+    check_value(initial_lambda, "initial_lambda", ge=0.0)
     opt = make_optimizer(hparams)
-    if config.ensemble:
-        opt_state = jax.vmap(opt.init)(params)
-        lam = jnp.full((config.num_members,), initial_lambda, jnp.float32)
-    else:
-        opt_state = opt.init(params)
-        lam = jnp.asarray(initial_lambda, jnp.float32)
-    return TrainerState(params=params, opt_state=opt_state, reg_lambda=lam, hparams=hparams,
+    shape = (config.num_members,) if config.ensemble else ()
+    return TrainerState(params=params, opt_state=_vm(config, opt.init)(params),
+                        reg_lambda=jnp.full(shape, initial_lambda, jnp.float32), hparams=hparams,
                         steps=jnp.zeros((), jnp.int32))
 
 
@@ -378,135 +448,238 @@ def num_epochs(epochs: int, epoch_multiplier: float = 1.0) -> int:
     """``round(epochs * epoch_multiplier)`` (Python round-half-even).
 
     Raises:
-      ValueError: "Must train for at least one epoch." when the result is < 1.
+      ValueError: "Must train for at least one epoch." when the result is < 1;
+        ``epoch_multiplier`` negative, NaN or traced (it sets a Python loop count).
     """
+    check_value(epoch_multiplier, "epoch_multiplier", ge=0.0, static=True)
     n = round(epochs * float(epoch_multiplier))
     if n < 1:
         raise ValueError("Must train for at least one epoch.")
     return int(n)
 
 
+def _old_order(fn: str, old: str, new: str) -> None:
+    warn_deprecated(f"{fn}({old})", f"{fn}({new})")
+
+
 # ---------------------------------------------------------------- the math
-def _penalty(config: TrainerConfig, params: Any) -> Array:
-    p = config.reg_p
+def _penalty(p: int, params: Any) -> Array:
+    """``sum_theta |theta|^p`` (the Lp regulariser's penalty before ``lam``)."""
     leaves = jax.tree.leaves(params)
     if p == 2:
         return sum(jnp.sum(jnp.square(x)) for x in leaves)
     return sum(jnp.sum(jnp.abs(x) ** p) for x in leaves)
 
 
-def _masked_pairs(pairs: FragmentPairs, mask: Array) -> FragmentPairs:
-    """Zero the data of masked-out pairs so that nothing non-finite in them (empty or invalid
-    slots) can reach the gradient through ``0 * nan``."""
+def _clean(pairs: FragmentPairs, prefs: Array, mask: Array) -> tuple[FragmentPairs, Array]:
+    """Replace the net inputs of masked-out pairs BEFORE the net runs, so nothing non-finite in them
+    can reach the gradient through ``0 * nan``.
+
+    Only float observations / actions feed the net (integer ones cannot be NaN; out-of-range ids
+    one-hot to zeros); ground-truth rewards only feed a metric and are masked there."""
 
     def clean(x):
-        m = mask.reshape(mask.shape + (1,) * (x.ndim - 1))
+        if not jnp.issubdtype(x.dtype, jnp.inexact):
+            return x
+        m = mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim))
         return jnp.where(m, x, jnp.zeros((), x.dtype))
 
-    return jax.tree.map(clean, pairs)
+    return pairs.replace(obs=clean(pairs.obs), acts=clean(pairs.acts)), jnp.where(mask, prefs, 0.5)
 
 
-def _minibatch_loss(config, hp, params, pairs, prefs, mask, lam):
-    pairs = _masked_pairs(pairs, mask)
-    prefs = jnp.where(mask, prefs, 0.5)
-    probs, gt = preference_probabilities(
-        config.module, params, pairs, noise_prob=hp.noise_prob, discount=hp.discount, threshold=hp.threshold
-    )
-    zero = jnp.zeros((), jnp.float32)
-    li = jnp.where(mask, binary_cross_entropy(probs, prefs), zero)
-    n = jnp.sum(mask, dtype=jnp.float32)
-    scaled = jnp.sum(li) / config.batch_size
-    nonempty = n > 0
-    total = scaled
-    if config.reg_kind == "lp":
-        total = total + jnp.where(nonempty, lam * _penalty(config, params), 0.0)
-    safe_n = jnp.maximum(n, 1.0)
-    correct = jnp.where(mask, (probs > 0.5) == (prefs > 0.5), False).astype(jnp.float32)
-    aux = {
-        "loss": jnp.sum(li) / safe_n,
-        "accuracy": jnp.sum(correct) / safe_n,
-        "gt_reward_loss": jnp.sum(jnp.where(mask, binary_cross_entropy(gt, prefs), zero)) / safe_n,
-        "regularized_loss": total,
-        "scaled_loss": scaled,
-        "loss_sum": jnp.sum(li),
-        "count": n,
-        "nonempty": nonempty.astype(jnp.float32),
-    }
-    return total, aux
+def _pair_ok(config: TrainerConfig, pairs: FragmentPairs, prefs: Array) -> Array:
+    """``bool[..., P]``: pairs training can use (finite in-range inputs, preference in [0, 1])."""
+    prefs = jnp.asarray(prefs, jnp.float32)
+    ok = jnp.isfinite(prefs) & (prefs >= 0.0) & (prefs <= 1.0)
+    lead = prefs.ndim
+    return ok & valid_inputs(config.module, pairs.obs, pairs.acts, lead)
+
+
+def _piece(config: TrainerConfig, hp: TrainerHParams, params: Any, pairs: FragmentPairs, prefs: Array,
+           mask: Array) -> tuple[Any, Array]:
+    """Gradient of ``sum_i mask_i * BCE_i / batch_size`` over some rows of one minibatch (pairs already
+    cleaned) and their sums ``f32[4]``: loss, correct answers, ground-truth loss, count."""
+
+    def loss(p):
+        # hp is checked once per step by the entry points (_check_hparams), not per minibatch here
+        probs, gt = _preference_probabilities(
+            config.module, p, pairs, hp.noise_prob, hp.discount, hp.threshold, False
+        )
+        li = jnp.where(mask, binary_cross_entropy(probs, prefs), 0.0)
+        return jnp.sum(li) / config.batch_size, (li, probs, gt)
+
+    grads, (li, probs, gt) = jax.grad(loss, has_aux=True)(params)
+    correct = jnp.where(mask, (probs > 0.5) == (prefs > 0.5), False)
+    gt_loss = binary_cross_entropy(gt, prefs)
+    gt_loss = jnp.where(mask & jnp.isfinite(gt_loss), gt_loss, 0.0)  # NaN ground truth: a metric only
+    sums = jnp.stack([jnp.sum(li), jnp.sum(correct, dtype=jnp.float32), jnp.sum(gt_loss),
+                      jnp.sum(mask, dtype=jnp.float32)])
+    return grads, sums
 
 
 def minibatch_grad(
-    config: TrainerConfig, hparams: TrainerHParams, params: Any, pairs: FragmentPairs, prefs: Array, mask: Array,
-    reg_lambda: Any = 0.0,
+    params: Any, pairs: FragmentPairs, prefs: Array, mask: Array, config: TrainerConfig | None = None,
+    hparams: TrainerHParams | None = None, reg_lambda: Any = 0.0,
 ) -> tuple[Any, dict[str, Array]]:
-    """Gradient of one (mini)batch of a single net (the per-batch gradient function).
+    """Gradient of one (mini)batch of a single net (the per-batch gradient of :func:`train_step`).
 
     The differentiated value is ``sum_i mask_i * BCE(p_i, y_i) / batch_size``
     (plus ``reg_lambda * sum |theta|^p`` for the Lp regulariser when the
     minibatch is not empty), so gradients of disjoint shards of a batch add up
-    to the full-batch gradient: a data-parallel step computes this per device
-    and sums with ``lax.psum`` (adding the penalty gradient once).
+    to the full-batch gradient. Invalid pairs (bad data, see the module
+    docstring) count as masked out.
 
     Args:
-      config: trainer config (its ``batch_size`` is the denominator).
-      hparams: noise / discount / threshold of the Bradley-Terry model.
       params: params of ONE net (vmap over members for ensembles).
       pairs: ``[b, 2, L+1, ...]`` fragment pairs.
       prefs: ``f32[b]`` targets.
       mask: ``bool[b]`` pairs that count.
+      config: trainer config (its ``batch_size`` is the denominator).
+      hparams: noise / discount / threshold of the Bradley-Terry model.
       reg_lambda: current regularisation strength.
 
     Returns:
       ``(grads, aux)`` with ``aux`` holding the minibatch's mean ``loss``,
       ``accuracy``, ``gt_reward_loss`` (imitation's logged values), the
       ``regularized_loss`` that was differentiated, ``scaled_loss``,
-      ``loss_sum``, ``count`` and ``nonempty``.
+      ``loss_sum``, ``count``, ``nonempty`` and ``n_invalid``.
     """
-    grad_fn = jax.grad(lambda p: _minibatch_loss(config, hparams, p, pairs, prefs, mask, reg_lambda), has_aux=True)
-    return grad_fn(params)
+    if isinstance(params, TrainerConfig):  # old order (config, hparams, params, pairs, prefs, mask, reg_lambda)
+        _old_order("minibatch_grad", "config, hparams, params, pairs, prefs, mask",
+                   "params, pairs, prefs, mask, config, hparams")
+        old = (params, pairs, prefs, mask, config, hparams)
+        config, hparams, params, pairs, prefs, mask = old
+    mask = jnp.asarray(mask, bool)
+    prefs = jnp.asarray(prefs, jnp.float32)
+    ok = _pair_ok(config, pairs, prefs)
+    n_invalid = jnp.sum(mask & ~ok, dtype=jnp.int32)
+    mask = mask & ok
+    cpairs, cprefs = _clean(pairs, prefs, mask)
+    grads, sums = _piece(config, hparams, params, cpairs, cprefs, mask)
+    n = sums[3]
+    nonempty = n > 0
+    scaled = sums[0] / config.batch_size
+    total = scaled
+    if config.reg_kind == "lp":
+        pen, pen_grad = jax.value_and_grad(partial(_penalty, config.reg_p))(params)
+        lam = jnp.where(nonempty, jnp.asarray(reg_lambda, jnp.float32), 0.0)
+        grads = jax.tree.map(lambda g, q: g + lam * q, grads, pen_grad)
+        total = total + lam * pen
+    safe = jnp.maximum(n, 1.0)
+    aux = {"loss": sums[0] / safe, "accuracy": sums[1] / safe, "gt_reward_loss": sums[2] / safe,
+           "regularized_loss": total, "scaled_loss": scaled, "loss_sum": sums[0], "count": n,
+           "nonempty": nonempty.astype(jnp.float32), "n_invalid": n_invalid}
+    return grads, aux
 
 
-def _member_step(config, hp, params, opt_state, lam, pairs, prefs, mask):
-    """One optimiser step of one member on a gathered batch ``[B, ...]`` (accumulating minibatches)."""
-    k = config.batch_size // config.minibatch_size
-    lr = hp.learning_rate
+def _varying(tree: Any, axis_name: str | None) -> Any:
+    if axis_name is None:
+        return tree
+    from ..distributed import _varying as varying  # noqa: PLC0415  (shard_map helper)
 
-    def one(carry, mb):
-        params_now, acc = carry
-        mb_pairs, mb_prefs, mb_mask = mb
-        g, aux = minibatch_grad(config, hp, params_now, mb_pairs, mb_prefs, mb_mask, lam)
-        acc = jax.tree.map(jnp.add, acc, g)
-        if config.reg_kind == "weight_decay":
-            # imitation decays the weights in place right after each minibatch's backward pass
-            decay = jnp.where(aux["nonempty"] > 0, lam * lr, 0.0)
-            params_now = jax.tree.map(lambda x: x - decay * x, params_now)
-        return (params_now, acc), aux
+    return varying(tree, axis_name)
 
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    if k == 1:
-        (params, grads), aux = one((params, zeros), (pairs, prefs, mask))
-        stats = jax.tree.map(lambda a: a[None], aux)
+
+def _psum(x: Any, axis_name: str | None) -> Any:
+    return x if axis_name is None else jax.lax.psum(x, axis_name)
+
+
+def _local_batch(config: TrainerConfig, n_dev: int, axis_name: Any = None) -> int:
+    """Rows of each batch one of ``n_dev`` devices holds; checks that minibatches tile the devices."""
+    b, mb = config.batch_size, config.minibatch_size
+    if b % n_dev:
+        raise ValueError(f"batch_size {b} must be a multiple of the {n_dev} devices on mesh axis {axis_name!r}")
+    local_b = b // n_dev
+    if local_b % mb and mb % local_b:
+        raise ValueError(
+            f"minibatch_size {mb} and the per-device batch {local_b} (batch_size {b} / {n_dev} devices) "
+            "must divide one another"
+        )
+    return local_b
+
+
+def _n_dev(axis_name: str | None) -> int:
+    return 1 if axis_name is None else int(jax.lax.axis_size(axis_name))
+
+
+def _member_step(config, hp, axis_name, params, opt_state, lam, pairs, prefs, mask):
+    """THE optimiser step of one member on its rows ``[lb, ...]`` of one batch.
+
+    Single device: the rows are the whole batch. With ``axis_name`` device ``d``
+    holds rows ``[d * lb, (d + 1) * lb)`` of the global batch; each device
+    accumulates the gradients of its pieces of the global minibatches (a piece
+    lies inside one minibatch), and per-minibatch counts, gradients and loss
+    sums are added over devices with ``lax.psum``. Minibatch ``j`` is evaluated
+    at the params decayed once per non-empty minibatch before it (imitation's
+    weight-decay regulariser); the Lp penalty gradient is added once per
+    non-empty minibatch. No valid pair: params and optimiser state unchanged.
+    """
+    b, mb = config.batch_size, config.minibatch_size
+    k = b // mb
+    lb = prefs.shape[0]
+    pieces = max(lb // mb, 1)
+    piece = lb // pieces
+    dev = 0 if axis_name is None else jax.lax.axis_index(axis_name)
+    mask = jnp.asarray(mask, bool)
+    prefs = jnp.asarray(prefs, jnp.float32)
+    ok = _pair_ok(config, pairs, prefs)
+    n_invalid = _psum(jnp.sum(mask & ~ok, dtype=jnp.int32), axis_name)
+    mask = mask & ok
+    pairs, prefs = _clean(pairs, prefs, mask)
+
+    ids = (dev * lb + jnp.arange(pieces) * piece) // mb  # global minibatch of each piece
+    one_hot = jax.nn.one_hot(ids, k, dtype=jnp.float32)  # [pieces, k]
+    split = lambda x: x.reshape(pieces, piece, *x.shape[1:])  # noqa: E731
+    pp, pr, pm = jax.tree.map(split, (pairs, prefs, mask))
+    counts = _psum(one_hot.T @ jnp.sum(pm, axis=1, dtype=jnp.float32), axis_name)  # [k]
+    nonempty = (counts > 0).astype(jnp.float32)
+    n_ne = jnp.sum(nonempty)
+    decay = lam * hp.learning_rate
+    wd = config.reg_kind == "weight_decay"
+    scales = ((1.0 - decay) ** (jnp.cumsum(nonempty) - nonempty))[ids] if wd else jnp.ones((pieces,), jnp.float32)
+    local = _varying(params, axis_name)  # per-device gradients, added by the psum below
+
+    def one(acc, xs):
+        p_, r_, m_, s_ = xs
+        p_now = jax.tree.map(lambda x: x * s_.astype(x.dtype), local) if wd else local
+        g, sums = _piece(config, hp, p_now, p_, r_, m_)
+        return jax.tree.map(jnp.add, acc, g), sums
+
+    zeros = jax.tree.map(jnp.zeros_like, local)
+    if pieces == 1:
+        grads, sums = one(zeros, jax.tree.map(lambda x: x[0], (pp, pr, pm, scales)))
+        sums = sums[None]
     else:
-        split = lambda x: x.reshape(k, config.minibatch_size, *x.shape[1:])  # noqa: E731
-        (params, grads), stats = jax.lax.scan(one, (params, zeros), jax.tree.map(split, (pairs, prefs, mask)))
-    updates, opt_state = make_optimizer(hp).update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    return params, opt_state, _reduce_step_stats(stats)
+        grads, sums = jax.lax.scan(one, zeros, (pp, pr, pm, scales))
+    grads = _psum(grads, axis_name)
+    mb_sums = _psum(sums.T @ one_hot, axis_name)  # [4, k] per-minibatch totals
+    pen = jnp.zeros((), jnp.float32)
+    if config.reg_kind == "lp":
+        pen, pen_grad = jax.value_and_grad(partial(_penalty, config.reg_p))(params)
+        grads = jax.tree.map(lambda g, q: g + n_ne * lam * q, grads, pen_grad)
+    base = params
+    if wd:
+        base = jax.tree.map(lambda x: x * ((1.0 - decay) ** n_ne).astype(x.dtype), params)
+    updates, new_opt = make_optimizer(hp).update(grads, opt_state, base)
+    new_params = optax.apply_updates(base, updates)
+    applied = n_ne > 0
+    keep = lambda new, old: jax.tree.map(lambda a, o: jnp.where(applied, a, o), new, old)  # noqa: E731
+    means = jnp.where(nonempty > 0, mb_sums[:3] / jnp.maximum(mb_sums[3], 1.0), 0.0)  # [3, k]
+    loss_sum = jnp.sum(mb_sums[0])
+    stats = {
+        "loss": jnp.sum(means[0]), "accuracy": jnp.sum(means[1]), "gt_reward_loss": jnp.sum(means[2]),
+        "regularized_loss": loss_sum / b + n_ne * lam * pen, "scaled_loss": loss_sum / b,
+        "loss_sum": loss_sum, "count": jnp.sum(mb_sums[3]), "minibatches": n_ne,
+        "n_invalid": n_invalid, "applied": applied,
+    }
+    return keep(new_params, params), keep(new_opt, opt_state), stats
 
 
-def _reduce_step_stats(stats):
-    """Sums over the step's minibatches; only non-empty minibatches count (as imitation logs them)."""
-    ne = stats["nonempty"]
-    out = {name: jnp.sum(stats[name] * ne) for name in (*TRAIN_METRICS, "regularized_loss")}
-    out["minibatches"] = jnp.sum(ne)
-    out["scaled_loss"] = jnp.sum(stats["scaled_loss"])
-    out["loss_sum"] = jnp.sum(stats["loss_sum"])
-    out["count"] = jnp.sum(stats["count"])
+def _step_metrics(stats: dict[str, Array]) -> dict[str, Array]:
+    n = jnp.maximum(stats["minibatches"], 1.0)
+    out = {name: stats[name] / n for name in TRAIN_METRICS}
+    out["n_invalid"] = stats["n_invalid"]
     return out
-
-
-def _vm(config: TrainerConfig, fn, in_axes=0):
-    return jax.vmap(fn, in_axes=in_axes) if config.ensemble else fn
 
 
 def _gather(buffer_pairs: FragmentPairs, idx: Array) -> FragmentPairs:
@@ -514,34 +687,43 @@ def _gather(buffer_pairs: FragmentPairs, idx: Array) -> FragmentPairs:
 
 
 def train_step(
-    config: TrainerConfig, state: TrainerState, pairs: FragmentPairs, prefs: Array, mask: Array | None = None
+    state: TrainerState, pairs: FragmentPairs, prefs: Array, config: TrainerConfig | None = None,
+    mask: Array | None = None, *, axis_name: str | None = None,
 ) -> tuple[TrainerState, dict[str, Array]]:
-    """One optimiser step on an explicit batch (jittable).
+    """One optimiser step on an explicit batch (jittable; ``config`` static).
 
     Args:
-      config: trainer config.
       state: trainer state.
       pairs: ``[B, ...]`` pairs (``[M, B, ...]``: one batch per member for ensembles).
       prefs: ``f32[B]`` (``[M, B]``).
-      mask: ``bool[B]`` (``[M, B]``), default all True. A fully masked batch
-        still takes an AdamW step with zero gradient (the epoch loop skips those).
+      config: trainer config.
+      mask: ``bool[B]`` (``[M, B]``), default all True.
+      axis_name: inside ``jax.shard_map`` over this axis, ``pairs`` / ``prefs`` /
+        ``mask`` are this device's rows ``B / n_devices`` of the global batch
+        (contiguous blocks in device order); gradients and metrics are summed
+        over the axis, so every device applies the one-device update.
 
     Returns:
       ``(state, metrics)``: mean ``loss`` / ``accuracy`` / ``gt_reward_loss`` over
-      the step's non-empty minibatches (``f32[]`` or ``f32[M]``).
+      the step's non-empty minibatches (``f32[]`` or ``f32[M]``) and ``n_invalid``
+      (``i32[]`` / ``i32[M]``: masked-in pairs left out for bad data). A batch
+      without a valid pair leaves params and optimiser state unchanged.
     """
-    b = config.batch_size
+    if isinstance(state, TrainerConfig):  # old order (config, state, pairs, prefs, mask)
+        _old_order("train_step", "config, state, pairs, prefs, mask", "state, pairs, prefs, config, mask")
+        state, pairs, prefs, config = pairs, prefs, config, state
+    _check_hparams(state.hparams)
+    b = _local_batch(config, _n_dev(axis_name), axis_name)
     lead = (config.num_members, b) if config.ensemble else (b,)
     if tuple(np.shape(prefs)) != lead:
         raise ValueError(f"prefs must have shape {lead}, got {tuple(np.shape(prefs))}")
     mask = jnp.ones(lead, bool) if mask is None else jnp.asarray(mask, bool)
-    fn = partial(_member_step, config, state.hparams)
-    params, opt_state, stats = _vm(config, fn, in_axes=(0, 0, 0, 0, 0, 0))(
+    fn = partial(_member_step, config, state.hparams, axis_name)
+    params, opt_state, stats = _vm(config, fn)(
         state.params, state.opt_state, state.reg_lambda, pairs, jnp.asarray(prefs, jnp.float32), mask
     )
-    n = jnp.maximum(stats["minibatches"], 1.0)
-    metrics = {name: stats[name] / n for name in TRAIN_METRICS}
-    return state.replace(params=params, opt_state=opt_state, steps=state.steps + 1), metrics
+    steps = state.steps + jnp.any(stats["applied"]).astype(jnp.int32)
+    return state.replace(params=params, opt_state=opt_state, steps=steps), _step_metrics(stats)
 
 
 # -------------------------------------------------------------- data prep
@@ -557,18 +739,29 @@ def _val_table(config: TrainerConfig, capacity: int) -> np.ndarray:
     return np.array([int(n * config.val_split) for n in range(capacity + 1)], np.int32)
 
 
-def prepare_data(config: TrainerConfig, key: Any, buffer: PreferenceBuffer) -> TrainData:
+def _usable(config: TrainerConfig, buffer: PreferenceBuffer) -> tuple[Array, Array]:
+    """``(bool[capacity] slots to train on, i32[] filled valid slots left out for bad data)``."""
+    filled = buffer_mask(buffer)
+    ok = _pair_ok(config, buffer.pairs, buffer.prefs)
+    return filled & ok, jnp.sum(filled & ~ok, dtype=jnp.int32)
+
+
+def prepare_data(key: Any, buffer: PreferenceBuffer, config: TrainerConfig | None = None) -> TrainData:
     """Bootstrap resamples (ensembles) and the validation split for one ``train`` call (jittable).
 
-    The valid stored pairs (``buffer_mask``) are the ``N`` training items. For
-    an ensemble with ``bagging`` each member draws ``N`` of them with
-    replacement; with a lambda updater each member's items are then split at
-    random into ``N - int(N * val_split)`` training and ``int(N * val_split)``
-    validation pairs (imitation splits every member's bootstrap sample).
+    The valid stored pairs (``buffer_mask`` minus pairs with bad data) are the
+    ``N`` training items. For an ensemble with ``bagging`` each member draws
+    ``N`` of them with replacement; with a lambda updater each member's items
+    are then split at random into ``N - int(N * val_split)`` training and
+    ``int(N * val_split)`` validation pairs (imitation splits every member's
+    bootstrap sample).
     """
+    if isinstance(key, TrainerConfig):  # old order (config, key, buffer)
+        _old_order("prepare_data", "config, key, buffer", "key, buffer, config")
+        key, buffer, config = buffer, config, key
     key = as_key(key)
     cap = buffer.capacity
-    mask = buffer_mask(buffer)
+    mask, n_invalid = _usable(config, buffer)
     n = jnp.sum(mask, dtype=jnp.int32)
     base = jnp.argsort(~mask, stable=True).astype(jnp.int32)  # valid slots first, in slot order
     if config.has_updater:
@@ -591,11 +784,9 @@ def prepare_data(config: TrainerConfig, key: Any, buffer: PreferenceBuffer) -> T
             val = jnp.zeros_like(items)
         return items, val
 
-    if config.ensemble:
-        train_idx, val_idx = jax.vmap(member)(jax.random.split(key, config.num_members))
-    else:
-        train_idx, val_idx = member(key)
-    return TrainData(train_idx=train_idx, n_train=n_train, val_idx=val_idx, n_val=n_val)
+    keys = jax.random.split(key, config.num_members) if config.ensemble else key
+    train_idx, val_idx = _vm(config, member)(keys)
+    return TrainData(train_idx=train_idx, n_train=n_train, val_idx=val_idx, n_val=n_val, n_invalid=n_invalid)
 
 
 # ------------------------------------------------------------------ epochs
@@ -609,21 +800,41 @@ def _interval_update(config, hp, lam, train_loss, val_loss):
     return out.astype(jnp.float32)
 
 
+_SUMS = (*TRAIN_METRICS, "regularized_loss", "minibatches", "scaled_loss", "loss_sum", "count")
+
+
 def train_epoch(
-    config: TrainerConfig, state: TrainerState, key: Any, buffer: PreferenceBuffer, data: TrainData
+    state: TrainerState, key: Any, buffer: PreferenceBuffer, data: TrainData, config: TrainerConfig | None = None,
+    *, axis_name: str | None = None,
 ) -> tuple[TrainerState, dict[str, Array]]:
     """One epoch over the prepared data (jittable; ``config`` static).
+
+    Args:
+      state: trainer state.
+      key: this epoch's key (the permutation; the validation order).
+      buffer: the comparisons.
+      data: :func:`prepare_data` of this ``train`` call.
+      config: trainer config.
+      axis_name: inside ``jax.shard_map`` (buffer, state and data replicated):
+        every device computes the gradient of its rows of each batch (see
+        :func:`train_step`); the result is the one-device result.
 
     Returns:
       ``(state, metrics)``; metric values are ``f32[]`` (``f32[M]`` for
       ensembles): ``train/loss``, ``train/accuracy``, ``train/gt_reward_loss``,
-      and with a regulariser ``train/regularized_loss`` (Lp),
-      ``regularization_lambda``, and with a lambda updater ``val/loss``,
-      ``val/accuracy``, ``val/gt_reward_loss``.
+      ``n_invalid`` (``i32[]``: stored pairs left out for bad data), and with a
+      regulariser ``train/regularized_loss`` (Lp), ``regularization_lambda``,
+      and with a lambda updater ``val/loss``, ``val/accuracy``, ``val/gt_reward_loss``.
     """
+    if isinstance(state, TrainerConfig):  # old order (config, state, key, buffer, data)
+        _old_order("train_epoch", "config, state, key, buffer, data", "state, key, buffer, data, config")
+        state, key, buffer, data, config = key, buffer, data, config, state
+    _check_hparams(state.hparams)
     key = as_key(key)
     cap = buffer.capacity
-    b, mb = config.batch_size, config.minibatch_size
+    b = config.batch_size
+    lb = _local_batch(config, _n_dev(axis_name), axis_name)
+    dev = 0 if axis_name is None else jax.lax.axis_index(axis_name)
     n_steps = -(-cap // b)
     hp = state.hparams
     k_perm, k_val = jax.random.split(key)
@@ -634,21 +845,24 @@ def train_epoch(
         return jnp.pad(items, (0, n_steps * b - cap))
 
     items = _vm(config, order_items)(mkeys, data.train_idx)  # [(M,) S*B]
-    zero_stats = {name: jnp.zeros((config.num_members,) if config.ensemble else (), jnp.float32)
-                  for name in (*TRAIN_METRICS, "regularized_loss", "minibatches", "scaled_loss", "loss_sum", "count")}
+    shape = (config.num_members,) if config.ensemble else ()
+    zero_stats = {name: jnp.zeros(shape, jnp.float32) for name in _SUMS}
+    zero_stats["applied"] = jnp.zeros(shape, jnp.int32)
 
     def active(carry):
         return carry[0] * b < data.n_train
 
     def step(carry):
         s, params, opt_state, sums = carry
+        start = s * b + dev * lb
 
         def member(p, o, lam, it):
-            idx = jax.lax.dynamic_slice_in_dim(it, s * b, b)
-            mask = s * b + jnp.arange(b) < data.n_train
-            return _member_step(config, hp, p, o, lam, _gather(buffer.pairs, idx), buffer.prefs[idx], mask)
+            idx = jax.lax.dynamic_slice_in_dim(it, start, lb)
+            mask = start + jnp.arange(lb) < data.n_train
+            return _member_step(config, hp, axis_name, p, o, lam, _gather(buffer.pairs, idx), buffer.prefs[idx], mask)
 
         params, opt_state, st = _vm(config, member)(params, opt_state, state.reg_lambda, items)
+        st = {**{name: st[name] for name in _SUMS}, "applied": st["applied"].astype(jnp.int32)}
         return s + 1, params, opt_state, jax.tree.map(jnp.add, sums, st)
 
     # a while loop over the ceil(N / B) steps with data: steps without data never run
@@ -658,6 +872,7 @@ def train_epoch(
     )
     n_mb = jnp.maximum(sums["minibatches"], 1.0)
     metrics = {f"train/{name}": sums[name] / n_mb for name in TRAIN_METRICS}
+    metrics["n_invalid"] = data.n_invalid
     lam = state.reg_lambda
     if config.reg_kind == "lp":
         metrics["train/regularized_loss"] = sums["regularized_loss"] / n_mb
@@ -673,7 +888,7 @@ def train_epoch(
         lam = jnp.where(enough, _interval_update(config, hp, lam, tl, vl), lam)
     if config.reg_kind is not None:
         metrics["regularization_lambda"] = lam
-    steps = state.steps + (data.n_train + b - 1) // b
+    steps = state.steps + jnp.max(sums["applied"])
     return state.replace(params=params, opt_state=opt_state, reg_lambda=lam, steps=steps), metrics
 
 
@@ -700,7 +915,7 @@ def _validation(config, hp, params, key, buffer, data):
 
         def member(p, it):
             idx = jax.lax.dynamic_slice_in_dim(it, j * mb, mb)
-            _, aux = _minibatch_loss(config, hp, p, _gather(buffer.pairs, idx), buffer.prefs[idx], mask, 0.0)
+            _, aux = minibatch_grad(p, _gather(buffer.pairs, idx), buffer.prefs[idx], mask, config, hp, 0.0)
             return {**{name: aux[name] for name in TRAIN_METRICS}, "minibatches": aux["nonempty"],
                     "loss_sum": aux["loss_sum"]}
 
@@ -720,32 +935,90 @@ def _epoch_keys(key: Array) -> tuple[Array, Array]:
 
 
 def train_epochs(
-    config: TrainerConfig, state: TrainerState, key: Any, buffer: PreferenceBuffer, n_epochs: int
+    state: TrainerState, key: Any, buffer: PreferenceBuffer, config: TrainerConfig | None = None,
+    epochs: int | None = None, *, axis_name: str | None = None,
 ) -> tuple[TrainerState, dict[str, Array]]:
-    """A whole ``train`` call as one jittable function (``n_epochs`` static).
+    """A whole ``train`` call as one jittable function, with every epoch's metrics (``epochs`` static).
 
-    Same keys and results as :meth:`RewardTrainer.train` (which runs the epochs
-    one by one to drive its progress bar); metric values gain a leading epoch
-    axis: ``f32[E]`` or ``f32[E, M]``. Jit it with ``static_argnums=(0, 4)``
-    and vmap it over states / keys / buffers for many seeds at once.
+    Same keys and results as :meth:`RewardTrainer.train` and :func:`train_reward`;
+    metric values gain a leading epoch axis: ``f32[E]`` or ``f32[E, M]``.
+    Jit it with ``config`` and ``epochs`` static and vmap it over states / keys /
+    buffers for many seeds at once.
     """
-    n_epochs = check_static_int(n_epochs, "n_epochs", 1)
+    if isinstance(state, TrainerConfig):  # old order (config, state, key, buffer, n_epochs)
+        _old_order("train_epochs", "config, state, key, buffer, n_epochs", "state, key, buffer, config, epochs")
+        state, key, buffer, config, epochs = key, buffer, config, state, epochs
+    epochs = check_static_int(epochs, "epochs", 1)
     k_prep, k_epochs = _epoch_keys(key)
-    data = prepare_data(config, k_prep, buffer)
+    data = prepare_data(k_prep, buffer, config)
 
     def body(st, e):
-        return train_epoch(config, st, jax.random.fold_in(k_epochs, e), buffer, data)
+        return train_epoch(st, jax.random.fold_in(k_epochs, e), buffer, data, config, axis_name=axis_name)
 
-    return jax.lax.scan(body, state, jnp.arange(n_epochs, dtype=jnp.int32))
+    return jax.lax.scan(body, state, jnp.arange(epochs, dtype=jnp.int32))
 
 
-# ------------------------------------------------------------ host wrapper
+def train_reward(
+    state: TrainerState, key: Any, buffer: PreferenceBuffer, config: TrainerConfig, *, epochs: Any = 1,
+    axis_name: str | None = None, mesh: Any = None,
+) -> tuple[TrainerState, dict[str, Array]]:
+    """Train the reward model for ``epochs`` epochs in one compiled loop (the preference loop's call).
+
+    Same keys and results as :func:`train_epochs` / :meth:`RewardTrainer.train`
+    (data split and bootstrap from the first half of ``key``, epoch ``e`` from
+    ``fold_in(second half, e)``). ``epochs`` may be traced, so round 0
+    (``initial_epoch_multiplier`` epochs) and later rounds share one program.
+
+    Args:
+      state: trainer state.
+      key: key of this training call.
+      buffer: the comparisons.
+      config: trainer config (static).
+      epochs: ``int`` or ``i32[]`` >= 1 (a traced count below 1 trains zero epochs).
+      axis_name: inside ``jax.shard_map`` over this axis: data-parallel epochs
+        (state, key and buffer replicated; each device computes its rows of every batch).
+      mesh: a ``jax.sharding.Mesh``: run the data-parallel version over its
+        ``axis_name`` (default ``"data"``) axis; the result is replicated.
+
+    Returns:
+      ``(state, metrics)`` with the LAST epoch's metrics (see :func:`train_epoch`).
+
+    Raises:
+      ValueError: concrete ``epochs < 1``; a bad hyperparameter (also under
+        ``jaxweight.checked``); a batch that does not tile the mesh.
+    """
+    if mesh is not None:
+        from jax.sharding import PartitionSpec as P  # noqa: PLC0415
+
+        axis = axis_name or "data"
+        _local_batch(config, int(mesh.shape[axis]), axis)
+        fn = jax.shard_map(
+            lambda st, k, buf, e: train_reward(st, k, buf, config, epochs=e, axis_name=axis),
+            mesh=mesh, in_specs=(P(), P(), P(), P()), out_specs=(P(), P()),
+        )
+        return fn(state, as_key(key), buffer, jnp.asarray(epochs, jnp.int32))
+    if not isinstance(config, TrainerConfig):
+        raise ValueError(f"config must be a TrainerConfig (RewardTrainer(...).config), got {type(config).__name__}")
+    check_value(epochs, "epochs", ge=1, integer=True)
+    k_prep, k_epochs = _epoch_keys(key)
+    data = prepare_data(k_prep, buffer, config)
+    shapes = jax.eval_shape(lambda: train_epoch(state, k_epochs, buffer, data, config, axis_name=axis_name)[1])
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+
+    def body(e, carry):
+        st, _ = carry
+        return train_epoch(st, jax.random.fold_in(k_epochs, e), buffer, data, config, axis_name=axis_name)
+
+    return jax.lax.fori_loop(0, jnp.asarray(epochs, jnp.int32), body, (state, zeros))
+
+
+# ------------------------------------------------------------ host side
 def epoch_metrics_dict(metrics: Sequence[dict[str, Any]], ensemble: bool) -> dict[str, float]:
     """imitation-style flat metric dict from per-epoch metrics (host helper).
 
     ``reward/epoch-{k}/{name}`` for every epoch, the last epoch again as
-    ``reward/final/{name}``; for ensembles every value is the member mean and
-    ``{key}_std`` the member std (ddof 0).
+    ``reward/final/{name}``; for ensembles every per-member value is the member
+    mean and ``{key}_std`` the member std (ddof 0).
     """
     out: dict[str, float] = {}
     host = jax.device_get(list(metrics))
@@ -755,7 +1028,7 @@ def epoch_metrics_dict(metrics: Sequence[dict[str, Any]], ensemble: bool) -> dic
             v = np.asarray(v, np.float64)
             for prefix in (f"reward/epoch-{k}",) + (("reward/final",) if k == last else ()):
                 key = f"{prefix}/{name}"
-                if ensemble:
+                if ensemble and v.ndim > 0:
                     out[key] = float(v.mean())
                     out[f"{key}_std"] = float(v.std())
                 else:
@@ -763,12 +1036,32 @@ def epoch_metrics_dict(metrics: Sequence[dict[str, Any]], ensemble: bool) -> dic
     return out
 
 
-_train_epoch_jit = jax.jit(train_epoch, static_argnums=0)
-_prepare_jit = jax.jit(prepare_data, static_argnums=0)
+def metrics_dict(metrics: dict[str, Any], prefix: str = "preference") -> dict[str, float]:
+    """Flat ``{"preference/loss": float, "preference/accuracy": ..., "preference/n_invalid": ...}`` (host side).
+
+    Takes the metrics of :func:`train_step`, :func:`train_epoch` or
+    :func:`train_reward` (``train/`` is dropped from the names; ``val/...`` and
+    ``regularization_lambda`` keep theirs). Per-member and per-epoch values are
+    averaged (NaN-aware) into one float, via :func:`jaxweight.metrics.flatten`.
+    """
+    from .. import metrics as _metrics  # noqa: PLC0415
+
+    host = jax.device_get(dict(metrics))
+    flat = {}
+    for name, v in host.items():
+        name = name[len("train/"):] if name.startswith("train/") else name
+        a = np.asarray(v, np.float64)
+        fin = a[np.isfinite(a)]
+        flat[name] = float(fin.mean()) if a.ndim and fin.size else (float(a.mean()) if a.size else float("nan"))
+    return _metrics.flatten(flat, prefix=prefix)
+
+
+_train_epoch_jit = jax.jit(train_epoch, static_argnums=4)
+_prepare_jit = jax.jit(prepare_data, static_argnums=2)
 
 
 class RewardTrainer:
-    """imitation's ``BasicRewardTrainer`` / ``EnsembleTrainer`` with an explicit-key, pure core.
+    """imitation's ``BasicRewardTrainer`` / ``EnsembleTrainer``: a host wrapper over :func:`train_epoch`.
 
     Args:
       module: reward module (e.g. :class:`RewardMLP`).
@@ -781,10 +1074,13 @@ class RewardTrainer:
       noise_prob, discount, threshold: the Bradley-Terry model of the loss.
       regularizer: optional :func:`lp_regularizer` / :func:`weight_decay_regularizer`.
       bagging: bootstrap every member's data (ensembles; imitation always does).
-      progress: show a tqdm bar for multi-epoch ``train`` calls.
+      progress: show a tqdm bar for multi-epoch ``train`` calls (off by default).
+      callback: optional ``callback(epoch, num_epochs, metrics)`` called on the
+        host after every epoch of :meth:`train` (``metrics``: that epoch's arrays).
 
-    The pure pieces (:func:`train_epoch`, :func:`train_epochs`, :func:`train_step`,
-    :func:`minibatch_grad`) take ``trainer.config`` as their static first argument.
+    The pure pieces (:func:`train_reward`, :func:`train_epoch`, :func:`train_epochs`,
+    :func:`train_step`, :func:`minibatch_grad`) take ``trainer.config`` as their
+    static last argument.
 
     Example::
 
@@ -811,7 +1107,8 @@ class RewardTrainer:
         threshold: float = 50.0,
         regularizer: Regularizer | None = None,
         bagging: bool = True,
-        progress: bool = True,
+        progress: bool = False,
+        callback: Callable[[int, int, dict[str, Array]], Any] | None = None,
     ):
         self.config = trainer_config(
             module, batch_size=batch_size, minibatch_size=minibatch_size, epochs=epochs,
@@ -823,6 +1120,7 @@ class RewardTrainer:
         )
         self.regularizer = regularizer
         self.progress = bool(progress)
+        self.callback = callback
 
     @property
     def module(self) -> nn.Module:
@@ -853,7 +1151,7 @@ class RewardTrainer:
         """Host check of the validation split (imitation's error) for a concrete buffer."""
         if not self.config.has_updater:
             return
-        n = int(jax.device_get(jnp.sum(buffer_mask(buffer))))
+        n = int(jax.device_get(jnp.sum(_usable(self.config, buffer)[0])))
         val = int(n * self.config.val_split)
         if val < 1 or n - val < 1:
             raise ValueError(
@@ -877,18 +1175,27 @@ class RewardTrainer:
         n = self.num_epochs(epoch_multiplier)
         self.check_data(buffer)
         k_prep, k_epochs = _epoch_keys(key)
-        data = _prepare_jit(self.config, k_prep, buffer)
+        data = _prepare_jit(k_prep, buffer, self.config)
         show = (self.progress if progress is None else progress) and n > 1
+        bar = None
+        if show:
+            bar = progress_bar(n, "Training reward model", leave=False)
         history = []
-        for e in tqdm(range(n), desc="Training reward model", disable=not show, leave=False):
-            state, m = _train_epoch_jit(self.config, state, jax.random.fold_in(k_epochs, e), buffer, data)
+        for e in range(n):
+            state, m = _train_epoch_jit(state, jax.random.fold_in(k_epochs, e), buffer, data, self.config)
             history.append(m)
+            if bar is not None:
+                bar.update(1)
+            if self.callback is not None:
+                self.callback(e, n, m)
+        if bar is not None:
+            bar.close()
         return state, epoch_metrics_dict(history, self.config.ensemble)
 
     def train_epochs(self, state: TrainerState, key: Any, buffer: PreferenceBuffer, n_epochs: int):
         """:func:`train_epochs` with this trainer's config (not jitted; wrap in ``jax.jit`` as needed)."""
-        return train_epochs(self.config, state, key, buffer, n_epochs)
+        return train_epochs(state, key, buffer, self.config, n_epochs)
 
     def step(self, state: TrainerState, pairs: FragmentPairs, prefs: Array, mask: Array | None = None):
         """:func:`train_step` with this trainer's config."""
-        return train_step(self.config, state, pairs, prefs, mask)
+        return train_step(state, pairs, prefs, self.config, mask)

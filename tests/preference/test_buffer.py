@@ -22,7 +22,7 @@ def _pairs(ids, length=2):
 
 
 def _stored_ids(buf):
-    pairs, prefs, filled = pf.buffer_ordered(buf)
+    pairs, prefs, filled = pf.buffer.buffer_ordered(buf)
     n = int(np.asarray(filled).sum())
     return np.asarray(pairs.obs[:n, 0, 0, 0]).tolist(), np.asarray(prefs[:n]).tolist()
 
@@ -38,16 +38,33 @@ def test_imitation_queue_max_size_5():
     np.testing.assert_allclose(prefs, [0.1, 0.2, 0.3, 0.4, 0.5])
 
 
-def test_more_than_capacity_keeps_newest_and_capacity_zero():
+def test_more_than_capacity_keeps_newest_and_capacity_zero_refused():
     buf = pf.buffer_init(4, _pairs([0]))
     buf = pf.buffer_push(buf, _pairs([1, 2]), jnp.zeros(2, jnp.float32))
     buf = pf.buffer_push(buf, _pairs(range(10, 17)), jnp.arange(7, dtype=jnp.float32))
     ids, prefs = _stored_ids(buf)
     assert ids == [13, 14, 15, 16] and prefs == [3, 4, 5, 6]
-    zero = pf.buffer_init(0, _pairs([0]))
-    zero = pf.buffer_push(zero, _pairs([1, 2, 3]), jnp.zeros(3, jnp.float32))
-    assert int(pf.buffer_size(zero)) == 0 and zero.prefs.shape == (0,)
-    assert _stored_ids(zero) == ([], [])
+    with pytest.raises(ValueError, match="capacity must be >= 1"):
+        pf.buffer_init(0, _pairs([0]))
+
+
+def test_push_count_equals_push_of_the_prefix():
+    """One push path: ``count`` (traced or not) writes the first ``count`` pairs, exactly like
+    pushing the prefix (this replaced the loop's ``push_first``)."""
+    push = jax.jit(pf.buffer_push)
+    pairs = _pairs(range(100, 106))
+    prefs = jnp.arange(6, dtype=jnp.float32) / 10
+    for cap in (3, 4, 8):
+        for pre in (0, 2, 5):
+            for count in (0, 1, 3, 6):
+                buf = pf.buffer_init(cap, _pairs([0]))
+                if pre:
+                    buf = pf.buffer_push(buf, _pairs(range(pre)), jnp.arange(pre, dtype=jnp.float32))
+                ref = pf.buffer_push(buf, jax.tree.map(lambda x: x[:count], pairs), prefs[:count])
+                for got in (push(buf, pairs, prefs, jnp.int32(count)), pf.buffer_push(buf, pairs, prefs, count)):
+                    jax.tree.map(np.testing.assert_array_equal, got, ref)
+    with pytest.raises(ValueError, match=r"count must be an integer and finite and in \[0, 6\], got 7"):
+        pf.buffer_push(pf.buffer_init(3, _pairs([0])), pairs, prefs, 7)
 
 
 def test_imitation_error_messages():
@@ -58,7 +75,7 @@ def test_imitation_error_messages():
         pf.buffer_push(buf, _pairs([1, 2]), np.empty(2, np.float64))
     with pytest.raises(ValueError, match=r"pairs\.obs must have per-pair shape"):
         pf.buffer_push(buf, _pairs([1], length=3), np.zeros(1, np.float32))
-    with pytest.raises(ValueError, match="capacity must be >= 0"):
+    with pytest.raises(ValueError, match="capacity must be >= 1"):
         pf.buffer_init(-1, _pairs([0]))
 
 

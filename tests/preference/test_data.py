@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from jaxweight import preference as pf
+from jaxweight.interop import imitation as imx
 
 
 @dataclasses.dataclass
@@ -78,19 +79,19 @@ def test_image_obs_keep_uint8():
 def test_trajectories_from_imitation_duck_typed():
     obs, acts, rews = _episodes()
     trajs = [FakeTrajectoryWithRew(o, a, r, terminal=term) for o, a, r, term in zip(obs, acts, rews, [False, True])]
-    t = pf.trajectories_from_imitation(trajs)
+    t = imx.trajectories_from_imitation(trajs)
     np.testing.assert_array_equal(t.terminal, [False, True])
     np.testing.assert_array_equal(t.lengths, [10, 7])
     np.testing.assert_allclose(t.rews[0, :10], 1.0)
     with pytest.raises(ValueError, match="at least one"):
-        pf.trajectories_from_imitation([])
+        imx.trajectories_from_imitation([])
     with pytest.raises(ValueError, match="DictObs"):
-        pf.trajectories_from_imitation([FakeTrajectoryWithRew({"a": 1}, np.zeros(2), np.zeros(2))])
+        imx.trajectories_from_imitation([FakeTrajectoryWithRew({"a": 1}, np.zeros(2), np.zeros(2))])
 
 
 def test_fragment_pairs_from_imitation_and_arrays():
     f = lambda v, term: FakeTrajectoryWithRew(np.full((4, 2), v), np.zeros(3, int), np.full(3, v), terminal=term)  # noqa: E731
-    pairs = pf.fragment_pairs_from_imitation([(f(1.0, False), f(2.0, True)), (f(3.0, False), f(4.0, False))])
+    pairs = imx.fragment_pairs_from_imitation([(f(1.0, False), f(2.0, True)), (f(3.0, False), f(4.0, False))])
     assert pairs.obs.shape == (2, 2, 4, 2) and pairs.num_pairs == 2 and pairs.fragment_length == 3
     np.testing.assert_array_equal(pairs.terminal, [[False, True], [False, False]])
     np.testing.assert_allclose(pairs.rews[1, 1], 4.0)
@@ -98,7 +99,7 @@ def test_fragment_pairs_from_imitation_and_arrays():
     d = np.asarray(pairs.dones())
     assert d.shape == (2, 2, 3) and d[0, 1, 2] and d.sum() == 1
     with pytest.raises(ValueError, match="same length"):
-        pf.fragment_pairs_from_imitation([(f(1.0, False), FakeTrajectoryWithRew(np.zeros((3, 2)), np.zeros(2), np.zeros(2)))])
+        imx.fragment_pairs_from_imitation([(f(1.0, False), FakeTrajectoryWithRew(np.zeros((3, 2)), np.zeros(2), np.zeros(2)))])
     with pytest.raises(ValueError, match="acts must have shape"):
         pf.fragment_pairs_from_arrays(np.zeros((2, 2, 4, 1)), np.zeros((2, 2, 2)))
     with pytest.raises(ValueError, match=r"obs must have shape \(P, 2"):
@@ -113,6 +114,6 @@ def test_concatenate_and_returns():
     assert c.horizon == 10 and c.num_trajectories == 2
     np.testing.assert_array_equal(c.lengths, [7, 10])
     p = pf.fragment_pairs_from_arrays(np.zeros((1, 2, 3, 1)), np.zeros((1, 2, 2)))
-    assert pf.concatenate_pairs([p, p]).num_pairs == 2
+    assert pf.data.concatenate_pairs([p, p]).num_pairs == 2
     np.testing.assert_allclose(pf.discounted_returns(jnp.array([[1.0, 1.0, 1.0]]), 0.5), [1.75])
     np.testing.assert_allclose(pf.discounted_returns(jnp.array([2.0, 3.0]), 0.0), 2.0)

@@ -13,7 +13,8 @@ def test_settings_and_plan():
     s = demo.settings()
     assert (s.env, s.seeds, s.fragment_length, s.total_comparisons) == ("cartpole", 4, 20, 2000)
     q = demo.settings("cartpole", quick=True)
-    assert q.quick and q.seeds == 2 and q.total_timesteps < s.total_timesteps
+    assert q.quick and q.seeds == 2 and q.total_comparisons < s.total_comparisons
+    assert q.num_iterations < s.num_iterations and q.total_timesteps == s.total_timesteps
     assert demo.settings("pendulum", seeds=3).seeds == 3
     with pytest.raises(ValueError, match="env must be 'cartpole' or 'pendulum'"):
         demo.settings("acrobot")
@@ -25,6 +26,16 @@ def test_settings_and_plan():
     # PPO anneals its learning rate over exactly the agent steps of the run
     assert float(pc.generator.hparams.anneal_steps) == sum(plan.agent_steps)
     assert not pc.sample_labels and pc.ensemble
+    # every main hyperparameter can be set (the CLI flags fill these in)
+    o = demo.settings("cartpole", quick=True, num_iterations=3, total_comparisons=300, total_timesteps=9_000,
+                      fragment_length=10, num_members=4, reward_learning_rate=3e-3, learning_rate=None)
+    assert (o.num_iterations, o.total_comparisons, o.total_timesteps, o.fragment_length, o.num_members) == (
+        3, 300, 9_000, 10, 4) and o.learning_rate == q.learning_rate
+    pc = demo.build(o)
+    assert float(pc.reward_trainer.hparams.learning_rate) == pytest.approx(3e-3)
+    assert pc.reward_trainer.config.num_members == 4 and pc.config.fragment_length == 10
+    with pytest.raises(ValueError, match="unknown settings"):
+        demo.settings(bogus=1)
 
 
 def test_cli_dispatches_to_the_demo(capsys):
@@ -34,6 +45,10 @@ def test_cli_dispatches_to_the_demo(capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "--resume" in out and "--env {cartpole,pendulum}" in out and "--seeds" in out
+    for flag in ("--rounds", "--comparisons", "--timesteps", "--fragment-length", "--members", "--reward-lr",
+                 "--ppo-lr", "--strict", "--tensorboard", "--resume-override", "--out"):
+        assert flag in out, flag
+    assert "jaxweight-out/preferences/" in out
 
 
 def test_table_and_goals_format():
@@ -59,9 +74,12 @@ def test_table_and_goals_format():
 def test_quick_demo_end_to_end(tmp_path, capsys):
     """The quick demo: 2 seeds in one vmapped program; the agent, trained on the learned reward only,
     balances the pole, and the learned reward tracks the true one on held-out episodes."""
-    assert demo.main(["--quick", "--out", str(tmp_path), "--no-progress"]) == 0
+    assert demo.main(["--quick", "--out", str(tmp_path), "--no-progress", "--strict"]) == 0
     out = capsys.readouterr().out
     assert "held-out acc" in out and "mean" in out and "[met] mean held-out accuracy" in out
+    assert "compiled the loop in" in out and "compile" in out and "run" in out
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 7 and all("preference/reward_accuracy/mean" in json.dumps(r) for r in rows)
     png = tmp_path / "cartpole_quick.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "checkpoints" / "cartpole_quick" / "loop_state.ckpt").exists()

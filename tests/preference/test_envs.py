@@ -1,5 +1,7 @@
 """Fixed-horizon environments, the learned-reward wrapper and the demo reward net."""
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +14,7 @@ from jaxweight.preference.envs import (
     FixedHorizonPendulum,
     LearnedRewardEnv,
     LearnedRewardParams,
+    env_step,
     make_env,
     oracle_reward,
     reward_net,
@@ -121,7 +124,7 @@ def test_learned_reward_env_returns_learned_reward_and_keeps_true_one():
     base_state = state.env_state
     for t, a in enumerate([1, 0, 1, 1]):
         k = jax.random.key(10 + t)
-        obs2, state, r, done, info = wrapped.step(k, state, a, params)
+        obs2, state, r, done, info = env_step(wrapped, k, state, a, params)
         _, base_state, r_true, _, _ = env.step_env(jax.random.split(k)[0], base_state, a, p)
         np.testing.assert_allclose(r, rp["w"] @ obs + 7.0 * a, rtol=1e-6)
         assert float(info["true_reward"]) == float(r_true) == 1.0
@@ -149,7 +152,7 @@ def test_new_reward_params_never_recompile():
 
         def step(carry, k):
             s = carry
-            _, s, r, _, _ = wrapped.step(k, s, 0, params)
+            _, s, r, _, _ = env_step(wrapped, k, s, 0, params)
             return s, r
 
         return jax.lax.scan(step, s, jax.random.split(key, 10))[1]
@@ -187,7 +190,26 @@ def test_reward_net_is_bounded_and_state_only():
 def test_envs_vmap_over_keys():
     env, p = make_env("cartpole")
     obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(jax.random.key(0), 6), p)
-    obs2, state2, r, d, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+    obs2, state2, r, d, _ = jax.vmap(partial(env_step, env), in_axes=(0, 0, 0, None))(
         jax.random.split(jax.random.key(1), 6), state, jnp.arange(6) % 2, p
     )
     assert obs2.shape == (6, 4) and r.shape == (6,) and r.dtype == jnp.float32 and not d.any()
+
+
+def test_env_step_adapter_folds_both_gymnax_signatures():
+    """One adapter for gymnax 0.0.x (5-tuple) and 1.x (6-tuple): done at the horizon, then auto-reset."""
+    env, p = make_env("cartpole", horizon=3)
+    obs, s = env.reset(jax.random.key(0), p)
+    dones = []
+    for t in range(3):
+        obs, s, r, d, info = env_step(env, jax.random.key(t), s, 1, p)
+        dones.append(bool(d))
+        assert r.dtype == jnp.float32 and isinstance(info, dict)
+    assert dones == [False, False, True] and int(s.time) == 0  # reset after the horizon
+
+    class Weird:
+        def step(self, *a):
+            return (1, 2, 3)
+
+    with pytest.raises(ValueError, match="returned 3 values"):
+        env_step(Weird(), None, None, None)

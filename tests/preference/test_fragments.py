@@ -76,9 +76,9 @@ def test_too_short_error_and_jit_validity():
     jax.tree.map(np.testing.assert_array_equal, ok, eager)  # jit == eager, same key -> same pairs
     with pytest.raises(ValueError, match="fragment_length must be >= 1"):
         pf.random_fragments(0, trajs, 0, 2)
-    with pytest.raises(ValueError, match="num_pairs must be >= 0"):
-        pf.random_fragments(0, trajs, 1, -1)
-    assert pf.random_fragments(0, trajs, 1, 0).num_pairs == 0
+    for bad in (-1, 0):  # no empty work: a fragmenter that returns no pairs is refused
+        with pytest.raises(ValueError, match="num_pairs must be >= 1"):
+            pf.random_fragments(0, trajs, 1, bad)
 
 
 def test_host_warnings_of_the_original(caplog):
@@ -112,7 +112,7 @@ def test_spec_example_3_variance_estimates():
     np.testing.assert_allclose(pf.variance_estimate(r1, r2, "logit"), 6.3333335, rtol=1e-6)
     np.testing.assert_allclose(pf.variance_estimate(r1, r2, "probability"), 0.09923158, rtol=1e-5)
     np.testing.assert_allclose(pf.variance_estimate(r1, r2, "label"), 0.22222222, rtol=1e-6)
-    allv = pf.uncertainty_scores(r1, r2)
+    allv = pf.fragments.uncertainty_scores(r1, r2)
     p = np.array([0.880797, 0.268941, 0.982014])
     np.testing.assert_allclose(allv["disagreement"], p.std(), rtol=1e-5)
     pm = p.mean()
@@ -149,8 +149,19 @@ def ensemble():
     return trajs, net, params
 
 
-def _active(*args, **kw):
+def _active(*args, return_scores=False, **kw):
+    if return_scores:
+        return pf.active_selection_scored(*args, **kw)
     return pf.active_selection(*args, **kw)
+
+
+def test_return_scores_is_a_deprecated_alias(ensemble):
+    trajs, net, params = ensemble
+    new = pf.active_selection_scored(3, params, net, trajs, 5, 4, 2.0, "all")
+    with pytest.deprecated_call():
+        old = pf.active_selection(3, params, net, trajs, 5, 4, 2.0, "all", return_scores=True)
+    jax.tree.map(np.testing.assert_array_equal, old, new)
+    jax.tree.map(np.testing.assert_array_equal, pf.active_selection(3, params, net, trajs, 5, 4, 2.0, "all"), new[0])
 
 
 def test_active_selection_ranks_candidates(ensemble):
@@ -161,7 +172,7 @@ def test_active_selection_ranks_candidates(ensemble):
     # the candidates are random_fragments(split(key)[0], ..., C) and the picks are their top-6 by logit
     cand = pf.random_fragments(jax.random.split(key)[0], trajs, 5, 24)
     r = jax.jit(lambda p, c: pf.fragment_rewards(net, p, c, ensemble=True))(params, cand)  # [C, 2, L, M]
-    all_scores = jax.jit(jax.vmap(pf.uncertainty_scores))(r[:, 0], r[:, 1])
+    all_scores = jax.jit(jax.vmap(pf.fragments.uncertainty_scores))(r[:, 0], r[:, 1])
     s = np.asarray(all_scores["logit"])
     order = np.argsort(-s, kind="stable")[:6]
     np.testing.assert_allclose(scores["logit"], s[order], rtol=1e-5)
@@ -202,7 +213,7 @@ def test_active_selection_errors(ensemble):
         pf.active_selection(0, single, net, trajs, 4, 3, 2.0)
     with pytest.raises(ValueError, match=r".* not supported\.\n\s+`uncertainty_on` should be from .*"):
         pf.active_selection(0, params, net, trajs, 4, 3, 2.0, "uncertainty_on")
-    with pytest.raises(ValueError, match="fewer than num_pairs"):
+    with pytest.raises(ValueError, match=r"sample_factor must be finite and >= 1.0, got 0.5"):
         pf.active_selection(0, params, net, trajs, 4, 3, 0.5)
     with pytest.raises(ValueError, match="No trajectories are long enough"):
         pf.active_selection(0, params, net, trajs, 400, 3, 2.0)

@@ -69,11 +69,16 @@ def test_bpref_teachers():
     np.testing.assert_allclose(p[0], 1 - 0.880797, rtol=1e-5)
     eq, _ = pf.synthetic_preferences(0, pairs, temperature=0.0, equal_threshold=2.5)
     np.testing.assert_array_equal(eq, [0.5, 0.5, 0.0])  # |R1 - R2| = 2, 0, 10
-    prefs, ent, valid = pf.synthetic_preferences(0, pairs, temperature=0.0, skip_threshold=1.0, return_valid=True)
-    np.testing.assert_array_equal(valid, [True, False, True])  # max(R1, R2) = 2, 1, 10
-    np.testing.assert_allclose(ent, 0.0)  # mean over answered pairs only
-    with pytest.raises(ValueError, match="return_valid=True"):
+    out = pf.synthetic_teacher(0, pairs, temperature=0.0, skip_threshold=1.0)
+    np.testing.assert_array_equal(out.valid, [True, False, True])  # max(R1, R2) = 2, 1, 10
+    np.testing.assert_allclose(out.entropy, 0.0)  # mean over answered pairs only
+    assert int(out.n_invalid) == 0
+    with pytest.raises(ValueError, match="use synthetic_teacher"):
         pf.synthetic_preferences(0, pairs, skip_threshold=1.0)
+    with pytest.deprecated_call():  # the old spelling: a third return value
+        prefs, ent, valid = pf.synthetic_preferences(0, pairs, temperature=0.0, skip_threshold=1.0, return_valid=True)
+    np.testing.assert_array_equal(valid, out.valid)
+    np.testing.assert_array_equal(prefs, out.prefs)
     # mistakes at rate 0.3 on deterministic labels
     many = pf.fragment_pairs_from_arrays(np.zeros((3000, 2, 2, 1)), np.zeros((3000, 2, 1)),
                                          np.tile([[[1.0], [0.0]]], (3000, 1, 1)))

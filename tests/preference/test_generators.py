@@ -188,7 +188,7 @@ def test_bad_arguments(cartpole_agent):
     env, p = make_env("cartpole")
     with pytest.raises(ValueError, match="multiple of config.num_minibatches"):
         AgentGenerator(env, p, config=PPOConfig(num_envs=3, num_steps=5, num_minibatches=2))
-    with pytest.raises(ValueError, match="exploration_frac must be in"):
+    with pytest.raises(ValueError, match=r"exploration_frac must be finite and in \[0.0, 1.0\], got 1.5"):
         AgentGenerator(env, p, exploration_frac=1.5)
     with pytest.raises(ValueError, match="reward_apply must be callable"):
         AgentGenerator(env, p, "reward")

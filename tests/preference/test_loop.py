@@ -91,34 +91,51 @@ def test_plan_is_imitations_arithmetic():
     assert q.plan(T, C).capacity == 10
 
 
-def test_push_first_equals_buffer_push_of_the_prefix():
+def test_deprecated_push_first_forwards_to_buffer_push():
     rng = np.random.default_rng(0)
     pairs = pf.fragment_pairs_from_arrays(rng.normal(size=(12, 2, 4, 3)), rng.integers(0, 2, (12, 2, 3)),
                                           rng.normal(size=(12, 2, 3)))
     prefs = jnp.asarray(rng.uniform(size=12), jnp.float32)
-    push = jax.jit(lp.push_first)
-    for cap in (1, 5, 20):
-        for pre in (0, 7):
-            buf = pf.buffer_init(cap, pairs)
-            if pre:
-                buf = pf.buffer_push(buf, jax.tree.map(lambda x: x[:pre], pairs), prefs[:pre])
-            for count in (0, 4, 12):
-                ref = pf.buffer_push(buf, jax.tree.map(lambda x: x[:count], pairs), prefs[:count])
-                got = push(buf, pairs, prefs, jnp.int32(count))
-                assert_trees_close(got, ref, err=f"cap={cap} pre={pre} count={count}: ")
+    buf = pf.buffer_init(5, pairs)
+    with pytest.deprecated_call():
+        got = lp.push_first(buf, pairs, prefs, jnp.int32(7))
+    assert_trees_close(got, pf.buffer_push(buf, pairs, prefs, count=7))
 
 
-def test_train_reward_equals_train_epochs(dataset_trajs):
+def test_deprecated_train_reward_forwards_to_the_one_train_step(dataset_trajs):
     pc = make_dataset_loop(dataset_trajs)
     pairs = pf.random_fragments(1, dataset_trajs, 10, 24)
     prefs, _ = pf.synthetic_preferences(2, pairs, sample=False)
     buf = pf.buffer_push(pf.buffer_init(32, pairs), pairs, prefs)
     cfg = pc.reward_trainer.config
     state = pc.reward_trainer.init(0, pf.example_inputs(pairs))
-    ref_state, ref_m = jax.jit(pf.train_epochs, static_argnums=(0, 4))(cfg, state, jax.random.key(5), buf, 3)
-    got_state, got_m = jax.jit(lp.train_reward, static_argnums=0)(cfg, state, jax.random.key(5), buf, jnp.int32(3))
-    assert_trees_close(got_state, ref_state, rtol=1e-5, atol=1e-6)
-    assert_trees_close(got_m, jax.tree.map(lambda x: x[-1], ref_m), rtol=1e-5, atol=1e-6)
+    ref_state, ref_m = pf.train_reward(state, jax.random.key(5), buf, cfg, epochs=2)
+    with pytest.deprecated_call():
+        got_state, got_m = lp.train_reward(cfg, state, jax.random.key(5), buf, 2)
+    assert_trees_close(got_state, ref_state)
+    assert_trees_close(got_m, ref_m)
+
+
+def test_deprecated_round_step_order(dataset_trajs):
+    pc = make_dataset_loop(dataset_trajs)
+    plan = pc.plan(0, 60)
+    state = pc.init(0, plan.capacity)
+    new = jax.eval_shape(lambda s: pc.round_step(s, plan.round_input(0), plan), state)
+    with pytest.deprecated_call():
+        old = jax.eval_shape(lambda s: pc.round_step(plan, s, plan.round_input(0)), state)
+    assert jax.tree.structure(new) == jax.tree.structure(old)
+    assert set(new[1]) == set(lp.ROUND_METRICS)
+
+
+def test_config_is_the_one_place_for_static_settings(dataset_trajs):
+    pc = make_dataset_loop(dataset_trajs)
+    assert isinstance(pc.config, lp.LoopConfig) and pc.fragment_length == pc.config.fragment_length == 10
+    pc.transition_oversampling = 2.0  # validated, goes into the config
+    assert pc.config.transition_oversampling == 2.0
+    with pytest.raises(ValueError, match="transition_oversampling must be finite and >= 1"):
+        pc.transition_oversampling = 0.5
+    assert pc.config.transition_oversampling == 2.0
+    assert lp.loop_config(3).to_dict()["query_schedule"] == "hyperbolic"
 
 
 # ------------------------------------------------------------------ the agent loop
@@ -182,6 +199,39 @@ def test_agent_trains_on_the_learned_reward_in_the_loop(tiny_run):
     np.testing.assert_allclose([float(r.mean()), float(r.std())], [0.0, 1.0], atol=1e-3)  # the buffer is full
 
 
+def test_train_and_run_give_identical_metrics(tiny_run):
+    """train (one compiled round at a time) and run (all rounds in one call) run the same compiled program:
+    four rounds, two seeds, same keys -> bit-identical metrics and states."""
+    pc, state, hist, *_ = tiny_run
+    init = pc.init_run(SEED, T, C, num_seeds=2)
+    states, metrics = pc.run(init, T, C)
+    for i, h in enumerate(hist):
+        for k, v in h.items():
+            np.testing.assert_array_equal(np.asarray(metrics[k])[:, i], np.asarray(v), err_msg=f"round {i} {k}")
+    assert_trees_close(states, state, rtol=0, atol=0)
+
+
+def test_resume_with_a_changed_learning_rate_is_refused(tiny_run, tmp_path):
+    pc, state, hist, res, calls, ckpt = tiny_run
+    env, p = make_env("cartpole", horizon=40)
+    net = reward_net(env, p, hidden_sizes=(8,))
+
+    def changed(**kw):
+        args = dict(num_members=2, learning_rate=1e-3)
+        args.update(kw)
+        return lp.PreferenceComparisons(
+            AgentGenerator(env, p, config=TINY_PPO), net, num_iterations=3, fragment_length=5,
+            reward_trainer=pf.RewardTrainer(net, **{k: v for k, v in args.items()}), initial_epoch_multiplier=4.0,
+            eval_episodes=2,
+        )
+
+    assert changed().fingerprint(pc.plan(T, C), 2) == pc.fingerprint(pc.plan(T, C), 2)
+    other = changed(learning_rate=5e-3)
+    with pytest.raises(ValueError, match=r"settings differ: reward/learning_rate \(checkpoint 0\.001"):
+        other.train(SEED, T, C, num_seeds=2, checkpoint_dir=ckpt, resume=True)
+    assert other.state is None
+
+
 @pytest.mark.slow
 def test_resume_after_kill_is_identical(tiny_run, tmp_path):
     """Kill a run (SIGKILL) after 2 rounds in a subprocess, resume it, compare to the uninterrupted run."""
@@ -208,8 +258,16 @@ def test_resume_after_kill_is_identical(tiny_run, tmp_path):
     np.testing.assert_array_equal(res2["reward_accuracy"], res["reward_accuracy"])
     # a finished run resumes to itself without training; another run's checkpoint is refused
     assert pc.train(SEED, T, C, rounds.append, num_seeds=2, checkpoint_dir=tmp_path, resume=True) and rounds == [2, 3]
-    with pytest.raises(ValueError, match="belongs to another run"):
+    with pytest.raises(ValueError, match="belongs to another run.*num_seeds"):
         pc.train(SEED, T, C, num_seeds=3, checkpoint_dir=tmp_path, resume=True)
+    # a changed teacher temperature is refused, and accepted (logged, applied) with allow_changed
+    hot = make_tiny()
+    hot.hparams = hot.hparams.replace(temperature=jnp.float32(2.0))
+    with pytest.raises(ValueError, match=r"hparams/temperature \(checkpoint 1\.0, now 2\.0\)"):
+        hot.train(SEED, T, C, num_seeds=2, checkpoint_dir=tmp_path, resume=True)
+    hot.train(SEED, T, C, num_seeds=2, checkpoint_dir=tmp_path, resume=True, allow_changed=True)
+    assert hot.overrides and "hparams/temperature" in hot.overrides[-1]["changed"][0]
+    np.testing.assert_array_equal(hot.state.hparams.temperature, [2.0, 2.0])
 
 
 # ------------------------------------------------------------------ dataset loops (no agent)
@@ -277,7 +335,7 @@ def test_variable_horizons_are_refused(dataset_trajs, caplog):
         lp.PreferenceComparisons(_VariableGenerator(), net, num_iterations=1, fragment_length=3,
                                  allow_variable_horizon=True)
     assert "allow_variable_horizon" in caplog.text
-    pc.allow_variable_horizon = True  # the check is on the host: the same compiled rounds now go through
+    pc.allow_variable_horizon = True  # the check is on the host: the rounds now go through
     pc.train(0, 10, 10)
     assert pc.history[-1]["variable_horizon"] and pc.history[-1]["buffer_size"] == 10
     # a dataset whose terminal episodes differ is refused up front

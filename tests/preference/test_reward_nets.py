@@ -37,15 +37,15 @@ def test_preprocess_each_space():
     assert mb.dtype == jnp.float32
     np.testing.assert_array_equal(mb, [[1, 0, 1]])
     img_space = pf.Box((2, 2, 3), 0, 255, "uint8")
-    assert pf.is_image_space(img_space)
+    assert pf.reward_nets.is_image_space(img_space)
     img = jnp.full((1, 2, 2, 3), 255, jnp.uint8)
     np.testing.assert_allclose(pf.preprocess(img_space, img), 1.0)
     np.testing.assert_allclose(pf.preprocess(img_space, img, normalize_images=False), 255.0)
-    assert not pf.is_image_space(pf.Box((2, 2, 3), 0, 1, "uint8"))
-    assert not pf.is_image_space(pf.Box((4,)))
+    assert not pf.reward_nets.is_image_space(pf.Box((2, 2, 3), 0, 1, "uint8"))
+    assert not pf.reward_nets.is_image_space(pf.Box((4,)))
     x = pf.preprocess(pf.Box((2,)), jnp.array([[1, 2]], jnp.int32))
     assert x.dtype == jnp.float32
-    assert [pf.flat_dim(s) for s in (pf.Discrete(3), pf.MultiDiscrete((2, 3)), img_space, pf.MultiBinary(4))] == [3, 5, 12, 4]
+    assert [pf.reward_nets.flat_dim(s) for s in (pf.Discrete(3), pf.MultiDiscrete((2, 3)), img_space, pf.MultiBinary(4))] == [3, 5, 12, 4]
     with pytest.raises(ValueError, match="x must have shape"):
         pf.preprocess(pf.Box((3,)), jnp.zeros((2, 4)))
     with pytest.raises(ValueError, match="n must be >= 1"):
@@ -53,13 +53,13 @@ def test_preprocess_each_space():
 
 
 def test_as_space_gymnax():
-    assert pf.as_space(gx.Discrete(2)) == pf.Discrete(2)
-    box = pf.as_space(gx.Box(-1.0, 1.0, (4,), jnp.float32))
+    assert pf.reward_nets.as_space(gx.Discrete(2)) == pf.Discrete(2)
+    box = pf.reward_nets.as_space(gx.Box(-1.0, 1.0, (4,), jnp.float32))
     assert box == pf.Box((4,), -1.0, 1.0, "float32")
     assert hash(box) == hash(pf.Box((4,), -1.0, 1.0))
-    assert pf.as_space(None) is None
+    assert pf.reward_nets.as_space(None) is None
     with pytest.raises(ValueError, match="unsupported space"):
-        pf.as_space(gx.Dict({"a": gx.Discrete(2)}))
+        pf.reward_nets.as_space(gx.Dict({"a": gx.Discrete(2)}))
     net = pf.RewardMLP(observation_space=gx.Box(-1.0, 1.0, (4,), jnp.float32), action_space=gx.Discrete(2))
     assert net.action_space == pf.Discrete(2)
 
@@ -156,8 +156,8 @@ def test_ensemble_init_apply_moments():
     np.testing.assert_allclose(pf.add_std(mean, var, 2.0), mean + 2 * np.sqrt(var), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(jax.jit(lambda p: pf.ensemble_reward(net, p, *inputs, alpha=-1.0))(params), mean - np.sqrt(var), rtol=1e-5,
                                atol=1e-6)
-    assert pf.num_members(net, params, inputs) == 4
-    assert pf.num_members(net, jax.tree.map(lambda x: x[0], params), inputs) is None
+    assert pf.reward_nets.num_members(net, params, inputs) == 4
+    assert pf.reward_nets.num_members(net, jax.tree.map(lambda x: x[0], params), inputs) is None
     # differentiable per member
     g = jax.jit(jax.grad(lambda p: jnp.sum(pf.ensemble_apply(net, p, *inputs)[:, 2])))(params)
     gk = np.asarray(g["params"]["dense_final"]["kernel"])
@@ -185,7 +185,7 @@ def test_ensemble_errors():
     with pytest.raises(ValueError, match="member axis of size >= 2"):
         pf.ensemble_moments(jnp.zeros((3, 1)))
     with pytest.raises(ValueError, match="neither"):
-        pf.num_members(net, {"params": {"dense0": {"kernel": jnp.zeros((3, 3)), "bias": jnp.zeros(2)},
+        pf.reward_nets.num_members(net, {"params": {"dense0": {"kernel": jnp.zeros((3, 3)), "bias": jnp.zeros(2)},
                                         "dense_final": {"kernel": jnp.zeros((2, 1)), "bias": jnp.zeros(1)}}},
                        _inputs())
 
@@ -234,7 +234,7 @@ def test_running_and_ema_norm_match_imitation():
     np.testing.assert_allclose([run.mean, run.var], [ref_run.mean, ref_run.var], rtol=1e-5)
     np.testing.assert_allclose([ema.mean, ema.var], [ref_ema.mean, ref_ema.var], rtol=1e-5)
     assert int(run.count) == len(allx) and int(ema.num_batches) == 4
-    np.testing.assert_allclose(pf.reward_norm_apply(run, jnp.asarray(allx)),
+    np.testing.assert_allclose(pf.reward_nets.reward_norm_apply(run, jnp.asarray(allx)),
                                (allx - allx.mean()) / np.sqrt(allx.var() + 1e-5), rtol=1e-4, atol=1e-5)
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from jaxweight import preference as pf
 from jaxweight.preference import training as tr
+from jaxweight.preference.model import binary_cross_entropy
 from tests.contracts import assert_checkpoint_roundtrip, check_state_contract
 
 L = 3
@@ -114,7 +115,7 @@ def _reference_epoch(config, state, key, buffer, data):
     def loss(p, idx):
         pairs = jax.tree.map(lambda x: x[idx], buffer.pairs)
         probs, _ = pf.preference_probabilities(config.module, p, pairs)
-        return jnp.sum(pf.binary_cross_entropy(probs, buffer.prefs[idx])) / b
+        return jnp.sum(binary_cross_entropy(probs, buffer.prefs[idx])) / b
 
     steps = 0
     grad = jax.jit(jax.grad(loss))
@@ -133,8 +134,8 @@ def test_epoch_matches_reference_loop(n):
     buf = _buffer(n)
     state = trainer.init(1, EX)
     key = jax.random.key(5)
-    data = tr.prepare_data(trainer.config, 0, buf)
-    new, metrics = tr._train_epoch_jit(trainer.config, state, key, buf, data)
+    data = tr.prepare_data(0, buf, trainer.config)
+    new, metrics = tr._train_epoch_jit(state, key, buf, data, trainer.config)
     ref_params, ref_steps = _reference_epoch(trainer.config, state, key, buf, data)
     assert int(new.steps) == ref_steps == -(-n // 4)
     _close_params(new.params, ref_params)
@@ -155,7 +156,7 @@ def test_minibatch_accumulation_equals_full_batch():
     params = NET.init(jax.random.key(0), *EX)
     pairs = jax.tree.map(lambda x: x[:6], buf.pairs)
     prefs, mask = buf.prefs[:6], jnp.array([True] * 5 + [False])
-    grad = jax.jit(tr.minibatch_grad, static_argnums=0)
+    grad = jax.jit(lambda cfg, hp, p, pr, y, m, lam=0.0: tr.minibatch_grad(p, pr, y, m, cfg, hp, lam), static_argnums=0)
     full, _ = grad(cfg, tr.trainer_hparams(), params, pairs, prefs, mask)
     halves = [grad(cfg, tr.trainer_hparams(), params, jax.tree.map(lambda x: x[s], pairs), prefs[s], mask[s])[0]
               for s in (slice(0, 3), slice(3, 6))]
@@ -178,7 +179,7 @@ def test_bagging_resamples_with_replacement_per_member():
     valid[::4] = False  # 30 valid pairs, 10 invalid
     buf = _buffer(40, capacity=48, valid=valid)
     cfg = pf.RewardTrainer(NET, num_members=4).config
-    data = tr.prepare_data(cfg, 0, buf)
+    data = tr.prepare_data(0, buf, cfg)
     assert int(data.n_train) == 30 and data.train_idx.shape == (4, 48)
     idx = np.asarray(data.train_idx)[:, :30]
     allowed = set(np.flatnonzero(np.asarray(pf.buffer_mask(buf))).tolist())
@@ -187,14 +188,14 @@ def test_bagging_resamples_with_replacement_per_member():
     assert all(u < 30 for u in uniq)  # with replacement: duplicates
     np.testing.assert_allclose(np.mean(uniq) / 30, 1 - (1 - 1 / 30) ** 30, atol=0.12)
     assert len({tuple(r) for r in idx}) == 4  # one bootstrap per member
-    again = np.asarray(tr.prepare_data(cfg, 1, buf).train_idx)[:, :30]
+    again = np.asarray(tr.prepare_data(1, buf, cfg).train_idx)[:, :30]
     assert not np.array_equal(again, idx)  # fresh on every call
     # frequencies over many draws are uniform over the valid pairs
-    big = np.asarray(jax.vmap(lambda k: tr.prepare_data(cfg, k, buf).train_idx[:, :30])(
+    big = np.asarray(jax.vmap(lambda k: tr.prepare_data(k, buf, cfg).train_idx[:, :30])(
         jax.random.split(jax.random.key(0), 200))).reshape(-1)
     counts = np.bincount(big, minlength=48)[sorted(allowed)]
     assert counts.min() > 0.7 * counts.mean() and counts.max() < 1.3 * counts.mean()
-    no_bag = tr.prepare_data(pf.RewardTrainer(NET, num_members=4, bagging=False).config, 0, buf)
+    no_bag = tr.prepare_data(0, buf, pf.RewardTrainer(NET, num_members=4, bagging=False).config)
     np.testing.assert_array_equal(np.sort(np.asarray(no_bag.train_idx)[0, :30]), sorted(allowed))
 
 
@@ -217,7 +218,7 @@ def test_ensemble_step_equals_per_member_steps():
 
 # --------------------------------------------------------------- metrics
 def test_metrics_names_final_and_member_std(capsys):
-    trainer = pf.RewardTrainer(NET, num_members=2, batch_size=4, epochs=1)
+    trainer = pf.RewardTrainer(NET, num_members=2, batch_size=4, epochs=1, progress=True)
     state, metrics = trainer.train(trainer.init(0, EX), 0, _buffer(10), epoch_multiplier=3.0)
     for k in range(3):
         for name in ("loss", "accuracy", "gt_reward_loss"):
@@ -232,7 +233,8 @@ def test_metrics_names_final_and_member_std(capsys):
     assert "Training reward model" not in capsys.readouterr().err
     assert not any(k.endswith("_std") for k in m1)
     assert set(m1) == {f"reward/{p}/train/{n}" for p in ("epoch-0", "epoch-1", "final")
-                       for n in ("loss", "accuracy", "gt_reward_loss")}
+                       for n in ("loss", "accuracy", "gt_reward_loss")} | {
+        f"reward/{p}/n_invalid" for p in ("epoch-0", "epoch-1", "final")}
 
 
 @pytest.mark.parametrize("members", [None, 3])
@@ -255,7 +257,7 @@ def test_lp_penalty_and_weight_decay_regularizers():
     plain = pf.RewardTrainer(NET, batch_size=4).config
     lp = pf.RewardTrainer(NET, batch_size=4, regularizer=pf.lp_regularizer(0.3, p=2)).config
     hp = tr.trainer_hparams()
-    grad = jax.jit(tr.minibatch_grad, static_argnums=0)
+    grad = jax.jit(lambda cfg, hp, p, pr, y, m, lam=0.0: tr.minibatch_grad(p, pr, y, m, cfg, hp, lam), static_argnums=0)
     g0, _ = grad(plain, hp, params, pairs, prefs, mask, 0.0)
     g1, aux = grad(lp, hp, params, pairs, prefs, mask, 0.3)
     _close(g1, jax.tree.map(lambda g, p: g + 0.3 * 2 * p, g0, params))
@@ -304,7 +306,7 @@ def test_validation_split_training_and_error():
     with pytest.raises(ValueError, match="Not enough data samples to split into training and validation"):
         trainer.train(state, 0, _buffer(4))  # int(4 * 0.2) = 0 validation pairs
     buf = _buffer(10)
-    data = tr.prepare_data(trainer.config, 0, buf)
+    data = tr.prepare_data(0, buf, trainer.config)
     assert int(data.n_val) == 2 and int(data.n_train) == 8  # int(10 * 0.2) = 2, as imitation
     for m in range(2):  # train and validation pairs of a member are disjoint draws of its bootstrap sample
         tr_idx = np.asarray(data.train_idx[m, :8])
@@ -328,12 +330,12 @@ def test_trainer_state_contract(tmp_path):
     trainer = pf.RewardTrainer(NET, num_members=2, batch_size=4, minibatch_size=2, eps=1.0)
     cfg = trainer.config
     buf = _buffer(9)
-    data = tr.prepare_data(cfg, 0, buf)
+    data = tr.prepare_data(0, buf, cfg)
     state0 = trainer.init(0, EX)
 
     def update(state, key, buffer, d, hparams):
         # hyperparameters ride in the state; passing new ones here checks that they never recompile
-        return tr.train_epoch(cfg, state.replace(hparams=hparams), key, buffer, d)
+        return tr.train_epoch(state.replace(hparams=hparams), key, buffer, d, cfg)
 
     hp_alt = state0.hparams.replace(learning_rate=jnp.float32(0.05), noise_prob=jnp.float32(0.1),
                                     discount=jnp.float32(0.9))
@@ -341,7 +343,7 @@ def test_trainer_state_contract(tmp_path):
         init=lambda: trainer.init(0, EX),
         update=update,
         update_args=(jax.random.key(1), buf, data, state0.hparams),
-        update_args_alt=(jax.random.key(2), _buffer(7, seed=3), tr.prepare_data(cfg, 1, _buffer(7, seed=3)), hp_alt),
+        update_args_alt=(jax.random.key(2), _buffer(7, seed=3), tr.prepare_data(1, _buffer(7, seed=3), cfg), hp_alt),
         batched_init=lambda: jax.vmap(lambda k: trainer.init(k, EX))(jax.random.split(jax.random.key(0), 2)),
         tmp_path=tmp_path,
         rtol=1e-5,
@@ -357,15 +359,15 @@ def test_train_equals_jitted_train_epochs_and_lr_sweep():
     buf = _buffer(10)
     state = trainer.init(0, EX)
     host, metrics = trainer.train(state, 7, buf, epoch_multiplier=3.0)
-    run = jax.jit(tr.train_epochs, static_argnums=(0, 4))
-    pure, hist = run(trainer.config, state, jax.random.key(7), buf, 3)
+    run = jax.jit(tr.train_epochs, static_argnums=(3, 4))
+    pure, hist = run(state, jax.random.key(7), buf, trainer.config, 3)
     _close_params(host.params, pure.params)
     assert hist["train/loss"].shape == (3, 2)
     np.testing.assert_allclose(metrics["reward/final/train/loss"], np.asarray(hist["train/loss"][-1]).mean(), rtol=1e-5)
     # sweep learning rates (and seeds) with vmap; lr = 0 leaves the params where they were
     lrs = jnp.array([0.0, 1e-2], jnp.float32)
     states = jax.vmap(lambda lr: state.replace(hparams=state.hparams.replace(learning_rate=lr)))(lrs)
-    swept, _ = jax.vmap(lambda s, k: tr.train_epochs(trainer.config, s, k, buf, 2))(
+    swept, _ = jax.vmap(lambda s, k: tr.train_epochs(s, k, buf, trainer.config, 2))(
         states, jax.random.split(jax.random.key(0), 2))
     _close(jax.tree.map(lambda x: x[0], swept.params), state.params, rtol=0, atol=0)
     assert not _leaves_equal(jax.tree.map(lambda x: x[1], swept.params), state.params)
@@ -379,8 +381,77 @@ def test_non_finite_masked_pairs_do_not_poison_the_gradient():
     mask = jnp.array([True, True, True, False])
     cfg = pf.RewardTrainer(NET, batch_size=4).config
     params = NET.init(jax.random.key(0), *EX)
-    grad = jax.jit(tr.minibatch_grad, static_argnums=0)
+    grad = jax.jit(lambda cfg, hp, p, pr, y, m, lam=0.0: tr.minibatch_grad(p, pr, y, m, cfg, hp, lam), static_argnums=0)
     g_bad, aux = grad(cfg, tr.trainer_hparams(), params, bad, prefs, mask, 0.0)
     g_ok, _ = grad(cfg, tr.trainer_hparams(), params, pairs, buf.prefs[:4], mask, 0.0)
     _close(g_bad, g_ok, rtol=0, atol=0)
     assert all(np.isfinite(float(aux[k])) for k in ("loss", "accuracy", "gt_reward_loss"))
+
+
+# ------------------------------------------------------ deprecated aliases
+def test_old_config_first_orders_are_deprecated_aliases():
+    trainer = pf.RewardTrainer(NET, num_members=2, batch_size=4, progress=False)
+    cfg, buf = trainer.config, _buffer(9)
+    state = trainer.init(0, EX)
+    key = jax.random.key(3)
+    data = tr.prepare_data(key, buf, cfg)
+    with pytest.deprecated_call():
+        old = tr.prepare_data(cfg, key, buf)
+    _close(old, data, rtol=0, atol=0)
+    new_e = tr.train_epoch(state, key, buf, data, cfg)
+    with pytest.deprecated_call():
+        old_e = tr.train_epoch(cfg, state, key, buf, data)
+    _close(old_e, new_e, rtol=0, atol=0)
+    new_es = tr.train_epochs(state, key, buf, cfg, 2)
+    with pytest.deprecated_call():
+        old_es = tr.train_epochs(cfg, state, key, buf, 2)
+    _close(old_es, new_es, rtol=0, atol=0)
+    idx = jnp.array([[0, 1, 2, 3], [4, 5, 6, 7]])
+    pairs, prefs = jax.tree.map(lambda x: x[idx], buf.pairs), buf.prefs[idx]
+    new_s = tr.train_step(state, pairs, prefs, cfg)
+    with pytest.deprecated_call():
+        old_s = tr.train_step(cfg, state, pairs, prefs)
+    _close(old_s, new_s, rtol=0, atol=0)
+    single = pf.RewardTrainer(NET, batch_size=4).config
+    p0, hp = jax.tree.map(lambda x: x[0], state.params), state.hparams
+    mask = jnp.ones(4, bool)
+    new_g = tr.minibatch_grad(p0, jax.tree.map(lambda x: x[0], pairs), prefs[0], mask, single, hp)
+    with pytest.deprecated_call():
+        old_g = tr.minibatch_grad(single, hp, p0, jax.tree.map(lambda x: x[0], pairs), prefs[0], mask)
+    _close(old_g, new_g, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name,module", [("trainer_hparams", "training"), ("num_epochs", "training"),
+                                         ("as_space", "reward_nets"), ("binary_cross_entropy", "model"),
+                                         ("buffer_ordered", "buffer"), ("uncertainty_scores", "fragments")])
+def test_moved_package_names_are_deprecated_aliases(name, module):
+    import importlib
+
+    with pytest.deprecated_call():
+        got = getattr(pf, name)
+    assert got is getattr(importlib.import_module(f"jaxweight.preference.{module}"), name)
+    assert name not in pf.__all__
+
+
+def test_train_reward_equals_train_epochs_last_epoch_and_traced_epochs():
+    trainer = pf.RewardTrainer(NET, num_members=2, batch_size=4, progress=False)
+    cfg, buf = trainer.config, _buffer(10)
+    state = trainer.init(0, EX)
+    ref, hist = jax.jit(tr.train_epochs, static_argnums=(3, 4))(state, jax.random.key(5), buf, cfg, 3)
+    run = jax.jit(lambda s, k, b, e: pf.train_reward(s, k, b, cfg, epochs=e))
+    got, last = run(state, jax.random.key(5), buf, jnp.int32(3))
+    _close(got, ref, rtol=0, atol=0)
+    _close(last, jax.tree.map(lambda x: x[-1], hist), rtol=0, atol=0)
+    one, _ = run(state, jax.random.key(5), buf, jnp.int32(1))  # same program, another count
+    assert int(one.steps) == 3 and int(got.steps) == 9
+    flat = pf.metrics_dict(last)
+    assert set(flat) == {"preference/loss", "preference/accuracy", "preference/gt_reward_loss", "preference/n_invalid"}
+    assert all(isinstance(v, float) for v in flat.values())
+
+
+def test_progress_and_callback_are_explicit(capsys):
+    seen = []
+    trainer = pf.RewardTrainer(NET, batch_size=4, callback=lambda e, n, m: seen.append((e, n, float(m["train/loss"]))))
+    trainer.train(trainer.init(0, EX), 0, _buffer(8), epoch_multiplier=3.0)
+    assert [(e, n) for e, n, _ in seen] == [(0, 3), (1, 3), (2, 3)]
+    assert capsys.readouterr().err == ""  # no progress bar unless asked for

@@ -1,0 +1,85 @@
+"""Host helpers that prepare a batch: ragged groups -> dense masked arrays, truncation flags."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._util import check_value
+
+__all__ = ["pad_groups", "truncation_flags"]
+
+
+def _pad(rows: Any, fill: Any, dtype: Any) -> np.ndarray:
+    """Nested (possibly ragged) ``[P][G]`` sequence -> ``[P, Gmax]`` array."""
+    if isinstance(rows, np.ndarray | jax.Array):
+        return np.asarray(rows, dtype)
+    rows = [list(r) if isinstance(r, Sequence | np.ndarray) and not isinstance(r, str) else [r]
+            for r in rows]
+    g = max((len(r) for r in rows), default=0)
+    out = np.full((len(rows), g), fill, dtype=dtype)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+def pad_groups(groups: Sequence[Sequence[float]], fill: float = np.nan) -> tuple[np.ndarray, np.ndarray]:
+    """Host helper: ragged per-prompt lists -> ``(f32[P, Gmax], mask bool[P, Gmax])``.
+
+    Example::
+
+        u, mask = pad_groups([[1.0, 0.0, 1.0], [0.5]])   # u.shape == (2, 3)
+    """
+    mask = _pad([[True] * len(g) for g in groups], False, bool)
+    vals = _pad([list(g) for g in groups], fill, np.float32)
+    return vals, mask
+
+
+def truncation_flags(
+    finish_reasons: Sequence[Any],
+    token_counts: Any,
+    max_completion_len: int,
+    explicit: Any = None,
+) -> np.ndarray:
+    """Host helper: which completions were truncated (their reward is then zeroed).
+
+    An entry is truncated if its ``explicit`` flag is truthy, else if
+    ``finish_reason.strip().lower() == "length"``, else if
+    ``max_completion_len > 0`` and ``token_count >= max_completion_len``.
+
+    Args:
+      finish_reasons: ``[P][G]`` (ragged ok) or flat sequence of strings / None.
+      token_counts: matching numbers of completion tokens.
+      max_completion_len: generation length limit (``<= 0``: not used).
+      explicit: optional matching truthy flags (None entries fall through).
+
+    Returns:
+      bool array of the padded shape (padding False).
+
+    Raises:
+      ValueError: ``max_completion_len`` NaN / inf or a traced value (a host helper).
+    """
+    check_value(max_completion_len, "max_completion_len", static=True)
+    nested = len(finish_reasons) > 0 and not isinstance(finish_reasons[0], str | type(None))
+    rows = finish_reasons if nested else [finish_reasons]
+    toks = token_counts if nested else [token_counts]
+    expl = explicit if explicit is None or nested else [explicit]
+    out = []
+    for i, reasons in enumerate(rows):
+        row = []
+        for j, reason in enumerate(reasons):
+            flag = None if expl is None else expl[i][j]
+            if flag is not None and bool(flag):
+                row.append(True)
+                continue
+            if isinstance(reason, str) and reason.strip().lower() == "length":
+                row.append(True)
+                continue
+            tok = toks[i][j]
+            row.append(bool(max_completion_len > 0 and tok is not None and tok >= max_completion_len))
+        out.append(row)
+    arr = _pad(out, False, bool)
+    return arr if nested else arr[0]
