@@ -275,6 +275,16 @@ def concrete(x: Any) -> np.ndarray | None:
         return None
 
 
+def array_module(*values: Any) -> Any:
+    """``numpy`` when every value is known now, else ``jax.numpy``.
+
+    A check that derives its condition from several settings (``where(max > 0, max, inf)``)
+    computes it with this module, so concrete settings are checked eagerly even inside a
+    trace (jnp ops there would stage a traced check, which costs dispatch time per call).
+    """
+    return np if all(concrete(v) is not None for v in values if v is not None) else jnp
+
+
 def _fmt(v: Any) -> str:
     a = concrete(v)
     if a is None:
@@ -441,6 +451,7 @@ __all__ += [
     "StateFileError",
     "is_concrete",
     "concrete",
+    "array_module",
     "check_value",
     "check_order",
     "check_choice",

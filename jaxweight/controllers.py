@@ -66,7 +66,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from ._util import check_order, check_static_int, check_value, warn_deprecated
+from ._util import array_module, check_order, check_static_int, check_value, warn_deprecated
 
 Array = jax.Array
 
@@ -353,19 +353,24 @@ def _check_schedule(s: TauSchedule) -> None:
         v = getattr(s, name)
         if v is not None and not _is_py_nan(v):
             # NaN = unset; +-inf is refused
-            check_value(jnp.where(jnp.isnan(_f32(v)), 0.0, _f32(v)), name)
+            xp = array_module(v)
+            a = xp.asarray(v, xp.float32)
+            check_value(xp.where(xp.isnan(a), 0.0, a), name)
     # maximum_value <= 0 means "no cap": only a positive cap is ordered against the floor
-    mx = _f32(s.maximum_value)
-    check_order(s.minimum_value, jnp.where(mx > 0, mx, jnp.inf), "minimum_value", "maximum_value")
+    xp = array_module(s.minimum_value, s.maximum_value)
+    mx = xp.asarray(s.maximum_value, xp.float32)
+    check_order(s.minimum_value, xp.where(mx > 0, mx, xp.inf), "minimum_value", "maximum_value")
 
 
 def _check_kl(k: KLController) -> None:
     check_value(k.target, "kl target", ge=0.0)
     check_value(k.step_size, "kl step_size", ge=0.0)
     check_value(k.horizon, "kl horizon", ge=0.0)
-    active = (_f32(k.target) > 0) & (_f32(k.step_size) > 0)
+    xp = array_module(k.target, k.step_size, k.horizon)
+    f32 = lambda x: xp.asarray(x, xp.float32)  # noqa: E731
+    active = (f32(k.target) > 0) & (f32(k.step_size) > 0)
     # an active KL controller needs a horizon of at least one step
-    check_value(jnp.where(active, _f32(k.horizon), 1.0), "kl horizon (with target and step_size > 0)", ge=1.0)
+    check_value(xp.where(active, f32(k.horizon), 1.0), "kl horizon (with target and step_size > 0)", ge=1.0)
 
 
 def _check_meta(m: MetaController) -> None:
@@ -375,8 +380,9 @@ def _check_meta(m: MetaController) -> None:
     check_value(m.tau_min, "meta tau_min", ge=0.0)
     check_value(m.tau_max, "meta tau_max")
     check_static_int(m.update_interval, "meta update_interval", 1)
-    tmax = _f32(m.tau_max)
-    check_order(m.tau_min, jnp.where(tmax > 0, tmax, jnp.inf), "meta tau_min", "meta tau_max")
+    xp = array_module(m.tau_min, m.tau_max)
+    tmax = xp.asarray(m.tau_max, xp.float32)
+    check_order(m.tau_min, xp.where(tmax > 0, tmax, xp.inf), "meta tau_min", "meta tau_max")
 
 
 def _norm_schedule(s: TauSchedule) -> TauSchedule:
@@ -502,31 +508,27 @@ def init(cfg: ControllerConfig) -> ControllerState:
     return init_controller(cfg.tau, cfg.beta, cfg.denom)
 
 
-def _schedule_of(cfg: Any) -> TauSchedule:
+def _part_of(cfg: Any, kind: type, field: str, check: Any) -> Any:
+    """The ``field`` part of a :class:`ControllerConfig` (checked when it was built), or a bare
+    ``kind`` checked now (concrete values raise; traced ones through ``jaxweight.checked``)."""
     if isinstance(cfg, ControllerConfig):
-        return cfg.schedule  # checked by config()
-    if isinstance(cfg, TauSchedule):
-        _check_schedule(cfg)  # concrete values raise now; traced ones through jaxweight.checked
+        return getattr(cfg, field)
+    if isinstance(cfg, kind):
+        check(cfg)
         return cfg
-    raise ValueError(f"cfg must be a controllers.ControllerConfig or TauSchedule, got {type(cfg).__name__}")
+    raise ValueError(f"cfg must be a controllers.ControllerConfig or {kind.__name__}, got {type(cfg).__name__}")
+
+
+def _schedule_of(cfg: Any) -> TauSchedule:
+    return _part_of(cfg, TauSchedule, "schedule", _check_schedule)
 
 
 def _kl_of(cfg: Any) -> KLController:
-    if isinstance(cfg, ControllerConfig):
-        return cfg.kl  # checked by config()
-    if isinstance(cfg, KLController):
-        _check_kl(cfg)  # concrete values raise now; traced ones through jaxweight.checked
-        return cfg
-    raise ValueError(f"cfg must be a controllers.ControllerConfig or KLController, got {type(cfg).__name__}")
+    return _part_of(cfg, KLController, "kl", _check_kl)
 
 
 def _meta_of(cfg: Any) -> MetaController:
-    if isinstance(cfg, ControllerConfig):
-        return cfg.meta  # checked by config()
-    if isinstance(cfg, MetaController):
-        _check_meta(cfg)  # concrete values raise now; traced ones through jaxweight.checked
-        return cfg
-    raise ValueError(f"cfg must be a controllers.ControllerConfig or MetaController, got {type(cfg).__name__}")
+    return _part_of(cfg, MetaController, "meta", _check_meta)
 
 
 # ----------------------------------------------------------------- tau rule

@@ -32,6 +32,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -137,18 +138,18 @@ def assert_no_retrace(fn: Callable, args_a: Sequence[Any], args_b: Sequence[Any]
     (e.g. a config with other hyperparameter values). Static configuration that
     differs between the two would rightly retrace: keep it the same.
     """
-    traces = []
-
-    def counted(*a):
-        traces.append(1)
-        return fn(*a)
-
-    jitted = jax.jit(counted)
+    # chex counts the traces (a second one raises, naming the function); the compile log
+    # counter catches a recompilation without a retrace
+    chex.clear_trace_counter()  # chex counts per code location: forget earlier contracts' traces
+    jitted = jax.jit(chex.assert_max_traces(lambda *a: fn(*a), n=1))
     jax.block_until_ready(jitted(*args_a))
-    assert len(traces) == 1
     with CompileCounter() as cc:
-        jax.block_until_ready(jitted(*args_b))
-    assert len(traces) == 1, "second call with new values retraced (a Python scalar or weak type in the inputs?)"
+        try:
+            jax.block_until_ready(jitted(*args_b))
+        except AssertionError as e:
+            raise AssertionError(
+                f"second call with new values retraced (a Python scalar or weak type in the inputs?): {e}"
+            ) from None
     assert cc.count == 0, f"second call compiled again: {cc.messages}"
 
 

