@@ -2,7 +2,7 @@
 
 Rows (P x G = 1024 x 64 prompts x generations, CPU):
 
-1. ``fused_step``: one jitted :func:`jaxweight.maxent.maxent_step` (advantages,
+1. ``fused_step``: one jitted :func:`jaxweight.maxent.step` (advantages,
    q, weights, entropy stats, ESS, max weight, zero-std fraction, tau and beta
    controller updates); goal <= 0.5 ms median; compile time reported separately.
 2. ``vs_per_group_loop``: the same quantities computed the way maxent_grpo's
@@ -32,15 +32,15 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import main, record, time_call, time_jax  # noqa: E402
 
-from jaxweight import controllers as C  # noqa: E402
 from jaxweight import maxent as M  # noqa: E402
 
 MODULE = "maxent"
 TAU, BETA, DENOM = 0.5, 0.04, 0.5
 Q_T, Q_EPS, EPS = 0.7, 1e-6, 1e-4
-SCHED = C.TauSchedule(target_entropy=3.0, learning_rate=0.1, minimum_value=0.05, maximum_value=2.0,
+SCHED = M.TauSchedule(target_entropy=3.0, learning_rate=0.1, minimum_value=0.05, maximum_value=2.0,
                       warmup_steps=0)
-KL = C.KLController(target=0.05, horizon=10, step_size=0.2)
+KL = M.KLController(target=0.05, horizon=10, step_size=0.2)
+CFG = M.config(TAU, BETA, q_temperature=Q_T, q_epsilon=Q_EPS, eps=EPS, schedule=SCHED, kl=KL)
 
 
 def make_batch(p: int, g: int, seed: int = 0):
@@ -133,8 +133,9 @@ def numpy_vectorised(u, ref, tok, mask):
 
 
 def _fused(state, u, ref, tok, mask, temp, normalize_by_tokens=True):
-    return M.maxent_step(state, u, ref, tok, mask, schedule=SCHED, global_step=5, kl=KL, measured_kl=0.07,
-                         q_temperature=temp, q_epsilon=Q_EPS, eps=EPS, normalize_by_tokens=normalize_by_tokens)
+    """``maxent.step`` with the q temperature swept (an array leaf of the config)."""
+    cfg = CFG.replace(q_temperature=temp, normalize_by_tokens=normalize_by_tokens)
+    return M.step(state, u, ref, cfg, token_counts=tok, mask=mask, global_step=5, measured_kl=0.07)
 
 
 def _interleaved(fns: dict, n: int) -> dict:
@@ -155,7 +156,7 @@ def _check(u, ref, tok, mask, out):
     np.testing.assert_allclose(np_out[2], out.weights, rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(np_out[3], out.entropy.mean, rtol=1e-4)
     loop = per_group_loop(u[:64], ref[:64], tok[:64], mask[:64])
-    sub = jax.jit(_fused)(C.init_controller(TAU, BETA), u[:64], ref[:64], tok[:64], mask[:64], Q_T)
+    _, sub = jax.jit(_fused)(M.init(CFG), u[:64], ref[:64], tok[:64], mask[:64], Q_T)
     np.testing.assert_allclose(loop[2], sub.entropy.mean, rtol=1e-4)
     got = np.asarray(sub.weights)[0][np.asarray(sub.valid)[0]]
     np.testing.assert_allclose(loop[1][0], got, rtol=1e-4, atol=1e-7)
@@ -166,9 +167,9 @@ def run(quick: bool = False) -> list[dict]:
     size = f"P={p} G={g}"
     u, ref, tok, mask = make_batch(p, g)
     ju, jref, jtok, jmask = (jnp.asarray(x) for x in (u, ref, tok, mask))
-    state = C.init_controller(TAU, BETA)
+    state = M.init(CFG)
     temp = jnp.float32(Q_T)
-    out = jax.jit(_fused)(state, ju, jref, jtok, jmask, temp)
+    _, out = jax.jit(_fused)(state, ju, jref, jtok, jmask, temp)
     _check(u, ref, tok, mask, out)
 
     # a fresh wrapper, so the compile time is really measured
@@ -185,17 +186,17 @@ def run(quick: bool = False) -> list[dict]:
     taus = jnp.asarray(np.exp(rng.uniform(np.log(0.05), np.log(2.0), settings)), jnp.float32)
     betas = jnp.asarray(rng.uniform(0.0, 0.2, settings), jnp.float32)
     temps = jnp.asarray(rng.uniform(0.2, 2.0, settings), jnp.float32)
-    states = jax.vmap(C.init_controller)(taus, betas)
+    states = jax.vmap(lambda t, b: M.init(CFG.replace(tau=t, beta=b)))(taus, betas)
     # outputs that do not depend on (tau, beta, temperature) are returned once, not 64 times
     out_axes = M.MaxEntStepOutput(advantages=None, q=0, weights=0, entropy=0, ess=0, ess_mean=0, max_weight=0,
                                   frac_zero_std=None, zero_std=None, mean=None, std=None, n_nonfinite=None,
-                                  n_invalid=None, valid=None, kl=None, state=0)
-    sweep = jax.jit(jax.vmap(_fused, in_axes=(0, None, None, None, None, 0), out_axes=out_axes))
+                                  n_invalid=None, valid=None, kl=None, tau=0, beta=0, entropy_target=0)
+    sweep = jax.jit(jax.vmap(_fused, in_axes=(0, None, None, None, None, 0), out_axes=(0, out_axes)))
     t_sweep = time_jax(sweep, states, ju, jref, jtok, jmask, temps, n=3, warmup=1)  # compile time
 
     def summary(*a):
-        o = _fused(*a)
-        return o.entropy, o.ess_mean, o.max_weight, o.state
+        new, o = _fused(*a)
+        return o.entropy, o.ess_mean, o.max_weight, new
 
     sweep_summary = jax.jit(jax.vmap(summary, in_axes=(0, None, None, None, None, 0)))
     # the ratio is what counts: time the sweep and single steps alternately
@@ -222,7 +223,7 @@ def run(quick: bool = False) -> list[dict]:
         record(MODULE, "fused_step", size, t_step.median, "target 0.5 ms", 0.5e-3,
                goal="<= 0.5 ms median", met=t_step.median <= 0.5e-3, compile_s=t_step["compile_s"],
                q25_s=t_step["q25_s"], q75_s=t_step["q75_s"], min_s=t_step["min_s"], n=t_step["n"],
-               note=f"one jitted maxent_step incl. tau+KL controller updates; compile {t_step['compile_s']:.2f} s; "
+               note=f"one jitted maxent.step incl. tau+KL controller updates; compile {t_step['compile_s']:.2f} s; "
                     f"q25..q75 {t_step['q25_s'] * 1e3:.3f}..{t_step['q75_s'] * 1e3:.3f} ms"),
         record(MODULE, "vs_per_group_loop", size, t_step.median, "python loop over groups", t_loop.median,
                goal=">= 50x", met=t_loop.median / t_step.median >= 50,

@@ -426,12 +426,12 @@ def _active_case(num_candidates, sample_factor, net, params, measure_baseline, q
 def _train_case(num_pairs, net, measure_baseline, quick, th=None):
     pairs = _random_pairs(num_pairs)
     prefs, _ = pf.synthetic_preferences(0, pairs)
-    buf = pf.buffer_push(pf.buffer_init(num_pairs, pairs), pairs, prefs)
+    bcfg = pf.buffer.config(num_pairs)
+    buf = pf.buffer.step(pf.buffer.init(bcfg, None, pairs), pairs, prefs, bcfg)
     trainer = pf.RewardTrainer(net, num_members=M, batch_size=BATCH, progress=False)
     state = trainer.init(0, _example(pairs.transitions()))
-    data = tr.prepare_data(jax.random.key(1), buf, trainer.config)
-    epoch = jax.jit(tr.train_epoch, static_argnums=4)
-    t = time_jax(lambda s, k, b, d: epoch(s, k, b, d, trainer.config), state, jax.random.key(2), buf, data,
+    epoch = jax.jit(tr.epoch)  # one epoch: bootstrap per member, shuffle, ceil(N / B) AdamW steps
+    t = time_jax(lambda s, k, b: epoch(s, k, b, trainer.config), state, jax.random.key(2), buf,
                  n=3 if (quick or num_pairs >= 100_000) else 5, warmup=1)
     base = None
     if measure_baseline:

@@ -1,6 +1,6 @@
 """Benchmarks of ``jaxweight.sync``.
 
-1. Same-device tick: time per eager ``tick`` / ``WeightSync`` call, and proof that
+1. Same-device tick: time per eager ``step`` / ``WeightSync`` call, and proof that
    no byte is copied (the returned leaves are the learner's device buffers).
 2. Cross-device sync of a ~100 MB parameter pytree between two CPU devices
    against a bare ``jax.device_put`` of the same arrays (and, for reference,
@@ -96,7 +96,7 @@ def bench_same_device(quick: bool) -> list[dict]:
     size = f"{_nbytes(learner) / 2**20:.0f} MB, {len(jax.tree.leaves(learner))} leaves"
     t0 = time.perf_counter()
     cfg = sync.config(1)
-    state, actor, _ = sync.tick(sync.init(cfg), learner, learner, cfg)
+    state, actor, _ = sync.step(sync.init(cfg), learner, learner, cfg)
     jax.block_until_ready(state)
     compile_s = time.perf_counter() - t0
     # as in a training loop, every tick sees a new learner tree and the actor is the previous one
@@ -105,7 +105,7 @@ def bench_same_device(quick: bool) -> list[dict]:
 
     def one_tick():
         box["i"] ^= 1
-        box["state"], box["actor"], fired = sync.tick(box["state"], learners[box["i"]], box["actor"], cfg)
+        box["state"], box["actor"], fired = sync.step(box["state"], learners[box["i"]], box["actor"], cfg)
         return box["state"]
 
     calls, repeats = (200, 7) if quick else (1000, 11)
@@ -183,7 +183,7 @@ def bench_cross_device(quick: bool) -> list[dict]:
     box = {"state": sync.init(xcfg), "actor": actor}
 
     def one_tick():
-        box["state"], box["actor"], _ = sync.tick(box["state"], learner, box["actor"], xcfg)
+        box["state"], box["actor"], _ = sync.step(box["state"], learner, box["actor"], xcfg)
         return box["actor"]
 
     hook = sync.WeightSync(1, placement=dst)  # donates the old actor buffers
@@ -243,11 +243,11 @@ def _run_in_subprocess(quick: bool) -> list[dict]:
 def bench_fraction_of_training_step(quick: bool) -> list[dict]:
     """Sync cost per collected batch at the default interval, against one reward-training step.
 
-    The learner is a reward net trained with ``train_step`` at the
+    The learner is a reward net trained with ``training.step`` at the
     ``RewardTrainer`` defaults; the actor is the copy of its params that a
     trajectory generator would read. At interval 1 every batch fires.
     """
-    from jaxweight.preference import RewardMLP, RewardTrainer, train_step
+    from jaxweight.preference import RewardMLP, RewardTrainer, training
 
     interval = sync.DEFAULT_INTERVAL
     length, d = (25, 4) if quick else (50, 4)
@@ -263,18 +263,18 @@ def bench_fraction_of_training_step(quick: bool) -> list[dict]:
     inner = 10  # training steps per jitted scan: the step as a jitted training loop runs it
     n_ticks = 1000  # ticks per jitted scan: resolves a tick's cost inside a jitted loop
 
-    step = jax.jit(lambda st, pr, pf: train_step(st, pr, pf, cfg)[0])
+    step = jax.jit(lambda st, pr, pf: training.step(st, pr, pf, cfg)[0])
 
     @jax.jit
     def step_loop(st, pr, pf):
-        return jax.lax.scan(lambda c, _: (train_step(c, pr, pf, cfg)[0], None), st, None, length=inner)[0]
+        return jax.lax.scan(lambda c, _: (training.step(c, pr, pf, cfg)[0], None), st, None, length=inner)[0]
 
     def tick_loop(mode):
         def body(carry, _):
             ss, lp, ap = carry
             lp = jax.tree.map(lambda x: x * 0.999, lp)  # stands in for the optimiser update
             if mode != "none":
-                ss, ap, _ = sync.tick(ss, lp, ap, sync.config(interval, copy_on_same_device=(mode == "copy")))
+                ss, ap, _ = sync.step(ss, lp, ap, sync.config(interval, copy_on_same_device=(mode == "copy")))
             return (ss, lp, ap), None
 
         return jax.jit(lambda ss, lp, ap: jax.lax.scan(body, (ss, lp, ap), None, length=n_ticks)[0])
@@ -341,7 +341,7 @@ def bench_fraction_of_training_step(quick: bool) -> list[dict]:
         row(f"{label} (interval {interval})", max(cost, 0.0), "step_loop", scan_what,
             f"{what_tick}: {cost * 1e9:.0f} ns per tick (quartiles {q[0] * 1e9:.0f} .. {q[2] * 1e9:.0f} ns; "
             f"jitted scans of {n_ticks} learner updates with and without the tick)")
-    host_what = "one reward-training step (a jitted train_step call per batch)"
+    host_what = "one reward-training step (a jitted training.step call per batch)"
     row(f"same device, WeightSync host hook (interval {interval})", med["hook_same"], "step", host_what,
         f"host hook {med['hook_same'] * 1e6:.1f} us per batch, no copy")
     if "hook_cross" in med:

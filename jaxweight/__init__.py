@@ -5,8 +5,7 @@ Submodules (imported on first use, so ``import jaxweight`` stays cheap):
 - ``jaxweight.random_weighting``  random log-normal loss-component weights (torchref)
 - ``jaxweight.awr``               advantage-weighted regression of a weight policy
 - ``jaxweight.curriculum``        on-device curriculum scheduler (atropos + PLR, sqrt competence)
-- ``jaxweight.maxent``            MaxEnt-GRPO reward weighting (maxent_grpo)
-- ``jaxweight.controllers``       tau / beta / meta controllers (maxent_grpo)
+- ``jaxweight.maxent``            MaxEnt-GRPO reward weighting and its tau / beta controllers (maxent_grpo)
 - ``jaxweight.preference``        reward learning from preference comparisons (imitation)
 - ``jaxweight.sync``              learner -> actor weight sync (torchrl UpdateWeights)
 - ``jaxweight.distributed``       meshes, data-parallel reward training, multi-host helpers
@@ -28,7 +27,6 @@ _SUBMODULES = (
     "awr",
     "curriculum",
     "maxent",
-    "controllers",
     "preference",
     "sync",
     "distributed",

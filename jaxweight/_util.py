@@ -417,8 +417,20 @@ def checked(fn):
 
     Example::
 
-        step = jaxweight.checked(jax.jit(cur.update))
-        state = step(state, ids, scores, cfg)   # a bad traced cfg value raises ValueError
+        import jax
+        import jax.numpy as jnp
+        import jaxweight
+        from jaxweight import maxent
+
+        f = jaxweight.checked(jax.jit(maxent.weight_matrix))
+        q, ref = jnp.full((2, 4), 0.25), jnp.zeros((2, 4))
+        w = f(q, ref, tau=jnp.float32(0.5), beta=jnp.float32(0.04))   # a traced setting
+        try:
+            f(q, ref, tau=jnp.float32(float("nan")), beta=jnp.float32(0.04))
+        except ValueError as e:                                      # same message as eager
+            assert "tau" in str(e)
+        else:
+            raise AssertionError("a NaN tau passed")
     """
     import functools
 
@@ -461,20 +473,6 @@ __all__ += [
 ]
 
 
-def warn_deprecated(old: str, new: str) -> None:
-    """Emit the one ``DeprecationWarning`` text every renamed public name uses."""
-    import warnings
-
-    warnings.warn(
-        f"{old} is deprecated and will be removed in a future release; use {new}",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-
-
-__all__ += ["warn_deprecated"]
-
-
 def progress_bar(total: int, desc: str, **kwargs: Any) -> Any:
     """A tqdm bar (host side): the one place a library module gets a progress bar from.
 
@@ -487,3 +485,36 @@ def progress_bar(total: int, desc: str, **kwargs: Any) -> Any:
 
 
 __all__ += ["progress_bar"]
+
+
+def varying(tree: Any, axis_name: str | None) -> Any:
+    """Mark replicated values as per-device inside ``shard_map`` (identity when ``axis_name`` is None).
+
+    Under ``shard_map`` the gradient with respect to a replicated (device-invariant)
+    input is implicitly summed over the axis; differentiating with respect to a
+    per-device copy keeps the gradient local, so the explicit reduction that follows
+    is the only one.
+    """
+    if axis_name is None:
+        return tree
+
+    def one(x):
+        try:
+            return jax.lax.pcast(x, (axis_name,), to="varying")
+        except ValueError:  # already per-device
+            return x
+
+    return jax.tree.map(one, tree)
+
+
+__all__ += ["varying"]
+
+
+def all_concrete(*values: Any) -> bool:
+    """True when every value is a number or array known now: a config class's constructor
+    checks then, and skips tracers and the placeholders jax passes when unflattening."""
+    return all(isinstance(v, jax.Array | np.ndarray | np.generic | int | float) and concrete(v) is not None
+               for v in values)
+
+
+__all__ += ["all_concrete"]

@@ -1,31 +1,27 @@
 """Advantage-weighted regression (AWR) of a loss-weight policy.
 
-The reason to sample random loss weights (:mod:`jaxweight.random_weighting`)
-is to record ``(features, log-weights, reward)`` rollouts and fit a policy
-that predicts good log-weights from the features. AWR (Peng et al. 2019) does
-this by weighted maximum likelihood: each recorded action is imitated with
-weight ``min(exp(A / beta), max_weight)`` where ``A`` is its advantage.
-
-* :func:`awr_weights`, :func:`awr_loss`: the weights and the weighted
-  negative log-likelihood, masked and NaN-safe.
-* :class:`WeightPolicy`: a flax module ``features f32[..., F] -> (mean, log_std) f32[..., K]``,
-  a diagonal Gaussian over the K log-weights.
-* :func:`fit_weight_policy`: minibatch AWR with optax (one jitted ``lax.scan``
-  per epoch; progress only through an explicit ``callback=``, nothing is printed).
-* :func:`predict_log_weights`: the policy's mean log-weights for new features.
+Random loss weights (:mod:`jaxweight.random_weighting`) give rollouts
+``(features, log-weights, reward)``; AWR (Peng et al. 2019) fits a policy that
+predicts good log-weights from the features by weighted maximum likelihood,
+each recorded action weighted by ``min(exp(A / beta), max_weight)``.
+:func:`awr_weights` and :func:`awr_loss` are the stateless math;
+:class:`WeightPolicy` is a Gaussian policy over K log-weights; ``config`` /
+``init`` / ``step`` / ``metrics_dict`` fit it one minibatch at a time;
+:func:`fit_weight_policy` is the host driver over epochs.
 
 Example::
 
+    import numpy as np
     from jaxweight import awr
 
-    params, metrics = awr.fit_weight_policy(key, feats, log_w, adv, num_epochs=30)
-    lw = awr.predict_log_weights(params, new_feats)        # f32[..., K]
+    rng = np.random.default_rng(0)
+    feats, log_w, adv = rng.normal(size=(128, 4)), rng.normal(size=(128, 3)), rng.normal(size=128)
+    params, metrics = awr.fit_weight_policy(0, feats, log_w, adv, awr.config(3), num_epochs=3)
+    lw = awr.predict_log_weights(params, feats[:5])        # f32[5, 3]
 
 References:
   X. B. Peng, A. Kumar, G. Zhang, S. Levine, "Advantage-Weighted Regression:
   Simple and Scalable Off-Policy Reinforcement Learning", arXiv:1910.00177 (2019).
-  torchref ``RandomWeightingScheme`` (https://github.com/HatPdotS/TorchRef), which
-  records the random-weight trajectories this policy is fitted on.
 """
 
 from __future__ import annotations
@@ -41,12 +37,20 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import struct
+
 from . import _util
 from ._util import as_key, check_rank, check_same_shape, check_static_int, masked_count, masked_mean, masked_std
+from .metrics import flatten
 
 Array = jax.Array
 
 __all__ = [
+    "AWRConfig",
+    "AWRState",
+    "config",
+    "init",
+    "step",
+    "metrics_dict",
     "awr_weights",
     "awr_loss",
     "gaussian_log_prob",
@@ -105,7 +109,10 @@ def awr_weights(
 
     Example::
 
-        awr_weights(jnp.array([0.0, 1.0, 2.0]), normalize=False)   # [1, e, e**2]
+        import jax.numpy as jnp
+        from jaxweight import awr
+
+        w = awr.awr_weights(jnp.array([0.0, 1.0, 2.0]), normalize=False)   # [1, e, e**2]
 
     References:
       Peng et al. 2019, arXiv:1910.00177, eq. 11 and the weight clipping of Sec. 5.
@@ -192,9 +199,12 @@ class WeightPolicy(nn.Module):
 
     Example::
 
-        pol = WeightPolicy(num_components=5)
+        import jax, jax.numpy as jnp
+        from jaxweight import awr
+
+        pol = awr.WeightPolicy(num_components=5)
         variables = pol.init(jax.random.key(0), jnp.zeros((1, 4)))
-        mean, log_std = pol.apply(variables, feats)            # f32[B, 5] each
+        mean, log_std = pol.apply(variables, jnp.ones((8, 4)))    # f32[8, 5] each
     """
 
     num_components: int
@@ -265,7 +275,8 @@ def _standardize(params: WeightPolicyParams, features: Any) -> Array:
 def predict_distribution(params: WeightPolicyParams, features: Any) -> tuple[Array, Array]:
     """The policy's Gaussian over log-weights: ``(mean, log_std)``, each f32[..., K]."""
     if not isinstance(params, WeightPolicyParams):
-        raise ValueError(f"params must be WeightPolicyParams (from fit_weight_policy), got {type(params).__name__}")
+        raise ValueError("params must be WeightPolicyParams (state.policy, or from fit_weight_policy), "
+                         f"got {type(params).__name__}")
     return params.module.apply(params.variables, _standardize(params, features))
 
 
@@ -274,73 +285,278 @@ def predict_log_weights(params: WeightPolicyParams, features: Any) -> Array:
 
     Example::
 
-        w = jnp.exp(predict_log_weights(params, feats))          # loss-component weights
+        import jax.numpy as jnp
+        from jaxweight import awr
+
+        x = jnp.ones((4, 2))
+        state = awr.init(awr.config(3, hidden_sizes=(8,)), 0, x)
+        w = jnp.exp(awr.predict_log_weights(state.policy, x))     # f32[4, 3] loss-component weights
     """
     return predict_distribution(params, features)[0]
 
 
 # ------------------------------------------------------------------ fitting
-@functools.partial(jax.jit, static_argnames="normalize")
-def _prepare(x, a, adv, mask, temperature, max_weight, normalize):
-    """Valid rows, AWR weights over the whole data set, standardised features, weight statistics."""
+@struct.dataclass
+class AWRConfig:
+    """Settings of the AWR fit; build it with :func:`config`.
+
+    Attributes:
+      temperature: f32[] beta of the AWR weights (> 0).
+      max_weight: f32[] clip of the AWR weights (> 0).
+      learning_rate: f32[] AdamW step size (> 0).
+      weight_decay: f32[] AdamW decoupled weight decay (>= 0).
+      max_grad_norm: f32[] global gradient-norm clip (> 0).
+      module: static :class:`WeightPolicy`.
+      normalize: static bool, standardise the advantages of a batch first.
+
+    The constructor checks concrete values as :func:`config` does.
+    """
+
+    temperature: Array
+    max_weight: Array
+    learning_rate: Array
+    weight_decay: Array
+    max_grad_norm: Array
+    module: WeightPolicy = struct.field(pytree_node=False)
+    normalize: bool = struct.field(pytree_node=False, default=True)
+
+    def __post_init__(self):
+        leaves = [getattr(self, f) for f in _HPARAMS]
+        if _util.all_concrete(*leaves):
+            _validate(*leaves)
+
+
+@struct.dataclass
+class AWRState:
+    """The weight policy being fitted and its optimiser.
+
+    Attributes:
+      policy: :class:`WeightPolicyParams` (network variables, feature standardisation).
+      opt_state: the optax AdamW state.
+      count: i32[] number of :func:`step` calls.
+    """
+
+    policy: WeightPolicyParams
+    opt_state: Any
+    count: Array
+
+
+_HPARAMS = ("temperature", "max_weight", "learning_rate", "weight_decay", "max_grad_norm")
+
+
+def _validate(temperature, max_weight, learning_rate, weight_decay, max_grad_norm) -> None:
+    _util.check_value(temperature, "temperature", gt=0.0)
+    _util.check_value(max_weight, "max_weight", gt=0.0)
+    _util.check_value(learning_rate, "learning_rate", gt=0.0)
+    _util.check_value(weight_decay, "weight_decay", ge=0.0)
+    _util.check_value(max_grad_norm, "max_grad_norm", gt=0.0)
+
+
+def config(
+    num_components: int | None = None,
+    *,
+    module: WeightPolicy | None = None,
+    hidden_sizes: Sequence[int] = (64, 64),
+    mean_bounds: tuple[float, float] | None = (-3.0, 3.0),
+    temperature: Any = 1.0,
+    max_weight: Any = 20.0,
+    normalize: bool = True,
+    learning_rate: Any = 3e-3,
+    weight_decay: Any = 0.0,
+    max_grad_norm: Any = 1.0,
+) -> AWRConfig:
+    """Build an :class:`AWRConfig`.
+
+    Args:
+      num_components: K, the number of log-weights (or give ``module``).
+      module: a :class:`WeightPolicy`; else one is built from ``num_components``,
+        ``hidden_sizes`` and ``mean_bounds``.
+      temperature, max_weight, normalize: the AWR weights (:func:`awr_weights`).
+      learning_rate, weight_decay, max_grad_norm: AdamW with global-norm clipping.
+
+    Raises:
+      ValueError: a bad value (also under ``jaxweight.checked(jax.jit(...))`` when traced).
+
+    Example::
+
+        from jaxweight import awr
+
+        cfg = awr.config(3, hidden_sizes=(16,), temperature=0.5)
+    """
+    if module is None:
+        if num_components is None:
+            raise ValueError("config needs num_components (K) or a module")
+        K = check_static_int(num_components, "num_components", 1)
+        module = WeightPolicy(num_components=K, hidden_sizes=tuple(hidden_sizes), mean_bounds=mean_bounds)
+    if not isinstance(module, WeightPolicy):
+        raise ValueError(f"module must be a WeightPolicy, got {type(module).__name__}")
+    if num_components is not None and num_components != module.num_components:
+        raise ValueError(f"num_components ({num_components}) must equal module.num_components "
+                         f"({module.num_components})")
+    if not isinstance(normalize, bool):
+        raise ValueError(f"normalize must be a static bool, got {normalize!r}")
+    values = (temperature, max_weight, learning_rate, weight_decay, max_grad_norm)
+    for v, n in zip(values, _HPARAMS):
+        if np.ndim(v) != 0:
+            raise ValueError(f"{n} must be a scalar, got shape {np.shape(v)}")
+    leaves = [jnp.asarray(v, jnp.float32) for v in values]
+    if not _util.is_concrete(leaves):   # concrete values are checked by the constructor
+        _validate(*leaves)
+    return AWRConfig(*leaves, module=module, normalize=normalize)
+
+
+def _check_config(cfg: Any) -> None:
+    if not isinstance(cfg, AWRConfig):
+        raise ValueError(f"cfg must be an AWRConfig (from awr.config()), got {type(cfg).__name__}")
+
+
+def _optimizer(cfg: AWRConfig) -> optax.GradientTransformation:
+    return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
+                       optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay))
+
+
+def _rows(features: Any, log_weights: Any, advantages: Any, mask: Any, K: int):
+    """Checked f32 arrays ``x [N, F]``, ``a [N, K]``, ``adv [N]``, the requested rows and the valid ones."""
+    x = jnp.asarray(features, jnp.float32)
+    a = jnp.asarray(log_weights, jnp.float32)
+    adv = jnp.asarray(advantages, jnp.float32)
+    check_rank(x, 2, "features")
+    check_rank(a, 2, "log_weights")
+    check_rank(adv, 1, "advantages")
+    N = x.shape[0]
+    if a.shape[0] != N or adv.shape[0] != N:
+        raise ValueError("features, log_weights and advantages must have the same number of rows, "
+                         f"got {N}, {a.shape[0]}, {adv.shape[0]}")
+    if a.shape[1] != K:
+        raise ValueError(f"module.num_components ({K}) must equal log_weights.shape[1] ({a.shape[1]})")
+    if x.shape[1] == 0:
+        raise ValueError("features need >= 1 column, got F = 0")
+    req = jnp.ones((N,), bool) if mask is None else jnp.asarray(mask)
+    if req.shape != (N,):
+        raise ValueError(f"mask must have shape ({N},), got {req.shape}")
+    req = req.astype(bool)
     finite = jnp.isfinite(adv) & jnp.all(jnp.isfinite(x), axis=1) & jnp.all(jnp.isfinite(a), axis=1)
-    valid = finite & mask.astype(bool)
-    w = awr_weights(adv, temperature, max_weight, normalize, valid)
-    x = jnp.where(valid[:, None], x, 0.0)
-    a = jnp.where(valid[:, None], a, 0.0)
-    fmean = masked_mean(x, valid[:, None], axis=0)
-    fstd = masked_std(x, valid[:, None], axis=0)
-    fstd = jnp.where(fstd > 1e-6, fstd, 1.0)
+    return x, a, adv, req, req & finite
+
+
+def _weight_stats(w: Array, req: Array, valid: Array, max_weight: Array) -> dict[str, Array]:
     n_valid = masked_count(w, valid)
     sw, sw2 = jnp.sum(w), jnp.sum(w * w)
-    stats = {
+    return {
         "num_valid": n_valid,
-        "n_invalid": jnp.sum(mask.astype(bool) & ~finite, dtype=jnp.int32),
+        "n_invalid": jnp.sum(req & ~valid, dtype=jnp.int32),
         "weight_ess": jnp.where(sw2 > 0, sw * sw / jnp.maximum(sw2, 1e-30), 0.0) / jnp.maximum(n_valid, 1.0),
         "clipped_fraction": masked_mean((w >= max_weight).astype(jnp.float32), valid),
     }
-    return (x - fmean) / fstd, a, w, valid, fmean, fstd, stats
 
 
-@functools.lru_cache(maxsize=16)
-def _trainer(module: WeightPolicy, learning_rate: float, weight_decay: float, max_grad_norm: float,
-             batch_size: int):
-    """``init(key, x0) -> (variables, opt_state, epoch)``; cached so repeated fits with the same
-    settings and data shapes compile once."""
-    tx = optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adamw(learning_rate, weight_decay=weight_decay))
+def init(cfg: AWRConfig, key: Any = None, features: Any = None, *, mask: Any = None) -> AWRState:
+    """A fresh policy and optimiser; the feature standardisation comes from ``features``.
 
-    def batch_loss(variables, xb, ab, wb, vb):
-        mean, log_std = module.apply(variables, xb)
-        lp = gaussian_log_prob(ab, mean, log_std)
-        return -jnp.sum(jnp.where(vb, wb * lp, 0.0)) / jnp.maximum(jnp.sum(vb), 1.0)
+    Args:
+      cfg: from :func:`config`.
+      key: ``jax.random.key`` or an int seed (network initialisation).
+      features: f32[N, F] example features: their mean and std over the finite
+        (and ``mask``-ed in) rows standardise every later input.
+      mask: optional bool[N].
 
-    grad_fn = jax.value_and_grad(batch_loss)
+    Returns:
+      :class:`AWRState`.
+    """
+    _check_config(cfg)
+    if key is None or features is None:
+        raise ValueError("init(cfg, key, features) needs a key and example features f32[N, F]")
+    x = jnp.asarray(features, jnp.float32)
+    check_rank(x, 2, "features")
+    valid = jnp.all(jnp.isfinite(x), axis=1)
+    if mask is not None:
+        check_same_shape(valid, jnp.asarray(mask), "features rows", "mask")
+        valid &= jnp.asarray(mask).astype(bool)
+    x = jnp.where(valid[:, None], x, 0.0)
+    fmean = masked_mean(x, valid[:, None], axis=0)
+    fstd = masked_std(x, valid[:, None], axis=0)
+    fstd = jnp.where(fstd > 1e-6, fstd, 1.0)
+    variables = cfg.module.init(as_key(key), jnp.zeros((1, x.shape[1]), jnp.float32))
+    policy = WeightPolicyParams(variables=variables, feature_mean=fmean, feature_std=fstd, module=cfg.module)
+    return AWRState(policy=policy, opt_state=_optimizer(cfg).init(variables), count=jnp.zeros((), jnp.int32))
 
-    @jax.jit
-    def epoch(variables, opt_state, k, xs, a, w, valid):
-        N = xs.shape[0]
-        nb = math.ceil(N / batch_size)
-        perm = jax.random.permutation(k, N)
-        # the last minibatch is filled up with (masked) repeats so all have the same shape
-        idx = jnp.concatenate([perm, perm[: nb * batch_size - N]]).reshape(nb, batch_size)
-        fresh = (jnp.arange(nb * batch_size) < N).reshape(nb, batch_size)
 
-        def one(carry, inp):
-            variables, opt_state = carry
-            ib, fb = inp
-            loss, g = grad_fn(variables, xs[ib], a[ib], w[ib], fb & valid[ib])
-            upd, opt_state = tx.update(g, opt_state, variables)
-            return (optax.apply_updates(variables, upd), opt_state), loss
+def _update(state: AWRState, x: Array, a: Array, w: Array, valid: Array, cfg: AWRConfig) -> tuple[AWRState, Array]:
+    """One AdamW step on ``-sum(valid * w * log N(a | policy(x))) / n_valid``: the one gradient path."""
+    xs = _standardize(state.policy, jnp.where(valid[:, None], x, 0.0))
+    a = jnp.where(valid[:, None], a, 0.0)
 
-        (variables, opt_state), losses = jax.lax.scan(one, (variables, opt_state), (idx, fresh))
-        return variables, opt_state, jnp.mean(losses)
+    def loss_fn(variables):
+        mean, log_std = cfg.module.apply(variables, xs)
+        lp = gaussian_log_prob(a, mean, log_std)
+        return -jnp.sum(jnp.where(valid, w * lp, 0.0)) / jnp.maximum(jnp.sum(valid), 1.0)
 
-    @jax.jit
-    def init(k, x0):
-        variables = module.init(k, x0)
-        return variables, tx.init(variables)
+    variables = state.policy.variables
+    loss, g = jax.value_and_grad(loss_fn)(variables)
+    upd, opt_state = _optimizer(cfg).update(g, state.opt_state, variables)
+    policy = state.policy.replace(variables=optax.apply_updates(variables, upd))
+    return AWRState(policy=policy, opt_state=opt_state, count=state.count + jnp.int32(1)), loss
 
-    return lambda k, x0: (*init(k, x0), epoch)
+
+def step(state: AWRState, features: Any, log_weights: Any, advantages: Any, cfg: AWRConfig, *,
+         mask: Any = None) -> tuple[AWRState, dict[str, Array]]:
+    """One AWR fit step: one AdamW step of the weighted likelihood of a batch.
+
+    The batch's weights are :func:`awr_weights` of its advantages (normalised
+    over the batch when ``cfg.normalize``). Rows with a False ``mask`` or a
+    non-finite entry are excluded and counted (``n_invalid``; masked-out rows
+    are not counted).
+
+    Args:
+      state: from :func:`init`.
+      features: f32[B, F]; log_weights: f32[B, K] recorded actions; advantages: f32[B].
+      cfg: from :func:`config`.
+      mask: optional bool[B].
+
+    Returns:
+      ``(state, out)`` with ``out = {"loss", "num_valid", "n_invalid", "weight_ess", "clipped_fraction"}``.
+
+    Example::
+
+        import jax, jax.numpy as jnp
+        from jaxweight import awr
+
+        cfg = awr.config(2, hidden_sizes=(8,))
+        x, a, adv = jnp.ones((16, 3)), jnp.zeros((16, 2)), jnp.arange(16.0)
+        state = awr.init(cfg, 0, x)
+        state, out = jax.jit(awr.step, donate_argnums=0)(state, x, a, adv, cfg)
+        awr.metrics_dict(out, cfg)                  # {"awr/loss": ..., "awr/weight_ess": ...}
+    """
+    _check_config(cfg)
+    if not isinstance(state, AWRState):
+        raise ValueError(f"state must be an AWRState (from awr.init()), got {type(state).__name__}")
+    x, a, adv, req, valid = _rows(features, log_weights, advantages, mask, cfg.module.num_components)
+    w = awr_weights(adv, cfg.temperature, cfg.max_weight, cfg.normalize, valid)
+    state, loss = _update(state, x, a, w, valid, cfg)
+    return state, {"loss": loss, **_weight_stats(w, req, valid, cfg.max_weight)}
+
+
+def metrics_dict(out: dict[str, Array], cfg: AWRConfig) -> dict[str, float]:
+    """Host side: a :func:`step` (or :func:`fit_weight_policy`) output as ``{"awr/<key>": float}``."""
+    _check_config(cfg)
+    return flatten(out, prefix="awr")
+
+
+@functools.partial(jax.jit, static_argnames="batch_size")
+def _epoch(state, key, x, a, w, valid, cfg, batch_size):
+    """One pass over shuffled minibatches (the last one filled up with masked repeats)."""
+    N = x.shape[0]
+    nb = math.ceil(N / batch_size)
+    perm = jax.random.permutation(key, N)
+    idx = jnp.concatenate([perm, perm[: nb * batch_size - N]]).reshape(nb, batch_size)
+    fresh = (jnp.arange(nb * batch_size) < N).reshape(nb, batch_size)
+
+    def one(state, inp):
+        ib, fb = inp
+        return _update(state, x[ib], a[ib], w[ib], fb & valid[ib], cfg)
+
+    state, losses = jax.lax.scan(one, state, (idx, fresh))
+    return state, jnp.mean(losses)
 
 
 def fit_weight_policy(
@@ -348,133 +564,70 @@ def fit_weight_policy(
     features: Any,
     log_weights: Any,
     advantages: Any,
+    cfg: AWRConfig | None = None,
     *,
     mask: Any = None,
-    module: WeightPolicy | None = None,
-    hidden_sizes: Sequence[int] = (64, 64),
-    mean_bounds: tuple[float, float] | None = (-3.0, 3.0),
-    temperature: float = 1.0,
-    max_weight: float = 20.0,
-    normalize: bool = True,
-    learning_rate: float = 3e-3,
-    weight_decay: float = 0.0,
-    max_grad_norm: float = 1.0,
     batch_size: int = 256,
     num_epochs: int = 30,
     callback: Callable[[int, dict[str, float]], Any] | None = None,
-    progress: Any = None,
-    desc: str | None = None,
 ) -> tuple[WeightPolicyParams, dict[str, Array]]:
-    """Fit a :class:`WeightPolicy` to recorded ``(features, log_weights, advantages)`` by AWR.
+    """Host driver: fit a :class:`WeightPolicy` to recorded ``(features, log_weights, advantages)`` by AWR.
 
-    Maximises ``mean_i w_i log N(log_weights_i | mean(x_i), std)`` with
-    ``w = awr_weights(advantages, temperature, max_weight, normalize)``
-    computed once over the whole data set. Features are standardised with
-    their (valid-row) mean and std, stored in the returned params. Rows with
-    a False ``mask`` or any non-finite entry are excluded.
-
-    Each epoch is one jitted ``lax.scan`` over shuffled minibatches
-    (the last one is filled up with masked repeats), with optax AdamW and
-    gradient clipping.
+    Maximises ``mean_i w_i log N(log_weights_i | mean(x_i), std)`` with the
+    weights :func:`awr_weights` computed once over the whole data set; features
+    are standardised with their (valid-row) mean and std (:func:`init`). Each
+    epoch is one jitted ``lax.scan`` of the :func:`step` update over shuffled
+    minibatches. Rows with a False ``mask`` or any non-finite entry are excluded.
 
     Args:
       key: ``jax.random.key`` or int seed (initialisation and shuffling).
-      features: f32[N, F].
-      log_weights: f32[N, K] recorded actions (log-weights).
-      advantages: f32[N].
+      features: f32[N, F]; log_weights: f32[N, K]; advantages: f32[N].
+      cfg: from :func:`config` (default ``config(K)``).
       mask: optional bool[N].
-      module: a :class:`WeightPolicy` (K must match); else one is built from
-        ``hidden_sizes`` and ``mean_bounds``.
-      temperature, max_weight, normalize: AWR weights (:func:`awr_weights`).
-      learning_rate, weight_decay, max_grad_norm: optimiser (static Python numbers: > 0, >= 0, > 0).
       batch_size: static int >= 1 (capped at N).
       num_epochs: static int >= 0.
-      callback: optional ``callback(epoch, {"loss": float})`` called after
-        every epoch (the demo draws its progress bar with it). Without one
-        nothing is printed and the epochs run without a host sync.
-      progress: deprecated: a callable is used as ``callback``; ``True`` (the
-        old tqdm bar) warns and draws nothing; ``False``/None do nothing.
-      desc: deprecated, unused (the old progress-bar label).
+      callback: optional ``callback(epoch, {"loss": float})`` after every epoch.
+        Without one nothing is printed and the epochs run without a host sync.
 
     Returns:
-      ``(params, metrics)``: :class:`WeightPolicyParams` and a dict with
-      ``loss f32[num_epochs]`` (mean minibatch loss per epoch),
-      ``num_valid``, ``n_invalid`` (rows excluded for a non-finite feature,
-      log-weight or advantage; masked-out rows are not counted),
-      ``weight_ess`` (effective sample size of the AWR
-      weights / valid rows) and ``clipped_fraction`` (rows at ``max_weight``).
+      ``(params, metrics)``: the fitted :class:`WeightPolicyParams` and
+      ``loss f32[num_epochs]`` (mean minibatch loss per epoch), ``num_valid``,
+      ``n_invalid``, ``weight_ess`` (effective sample size / valid rows) and
+      ``clipped_fraction`` (rows at ``max_weight``).
 
     Example::
 
-        params, m = fit_weight_policy(0, feats, lw, adv, num_epochs=20,
-                                      callback=lambda e, m: print(e, m["loss"]))
-        pred = predict_log_weights(params, feats)                # f32[N, K]
+        import numpy as np
+        from jaxweight import awr
+
+        rng = np.random.default_rng(0)
+        x, lw, adv = rng.normal(size=(64, 3)), rng.normal(size=(64, 2)), rng.normal(size=64)
+        params, m = awr.fit_weight_policy(0, x, lw, adv, awr.config(2, hidden_sizes=(8,)), num_epochs=2)
+        pred = awr.predict_log_weights(params, x)                # f32[64, 2]
     """
-    if callable(progress) and not isinstance(progress, bool):
-        if callback is not None:
-            raise ValueError("pass the progress function as callback= only")
-        _util.warn_deprecated("fit_weight_policy(progress=fn)", "fit_weight_policy(callback=fn)")
-        callback = progress
-    elif progress:
-        _util.warn_deprecated("fit_weight_policy(progress=True) (no bar is drawn any more)",
-                              "fit_weight_policy(callback=...)")
-    if desc is not None:
-        _util.warn_deprecated("fit_weight_policy(desc=...)", "fit_weight_policy(callback=...)")
     if callback is not None and not callable(callback):
         raise ValueError(f"callback must be a callable (epoch, metrics) -> None, got {callback!r}")
     key = as_key(key)
-    x = jnp.asarray(features, jnp.float32)
-    a = jnp.asarray(log_weights, jnp.float32)
-    adv = jnp.asarray(advantages, jnp.float32)
-    check_rank(x, 2, "features")
-    check_rank(a, 2, "log_weights")
-    check_rank(adv, 1, "advantages")
-    N, F = x.shape
-    K = a.shape[1]
-    if a.shape[0] != N or adv.shape[0] != N:
-        raise ValueError(
-            "features, log_weights and advantages must have the same number of rows, "
-            f"got {N}, {a.shape[0]}, {adv.shape[0]}"
-        )
+    if cfg is None:
+        check_rank(log_weights, 2, "log_weights")
+        cfg = config(np.shape(log_weights)[1])
+    _check_config(cfg)
+    x, a, adv, req, valid = _rows(features, log_weights, advantages, mask, cfg.module.num_components)
+    N = x.shape[0]
     if N == 0:
         raise ValueError("fit_weight_policy needs at least one row, got N = 0")
-    if K == 0 or F == 0:
-        raise ValueError(f"features and log_weights need >= 1 column, got F = {F}, K = {K}")
     batch_size = min(check_static_int(batch_size, "batch_size", 1), N)
     num_epochs = check_static_int(num_epochs, "num_epochs", 0)
-    if module is None:
-        module = WeightPolicy(num_components=K, hidden_sizes=tuple(hidden_sizes), mean_bounds=mean_bounds)
-    if not isinstance(module, WeightPolicy):
-        raise ValueError(f"module must be a WeightPolicy, got {type(module).__name__}")
-    if module.num_components != K:
-        raise ValueError(f"module.num_components ({module.num_components}) must equal log_weights.shape[1] ({K})")
-    # optimiser settings are static (the compiled trainer is cached on them)
-    for v, n in ((learning_rate, "learning_rate"), (max_grad_norm, "max_grad_norm")):
-        _util.check_value(v, n, gt=0.0, static=True)
-        _positive_scalar(v, n)
-    _util.check_value(weight_decay, "weight_decay", ge=0.0, static=True)
-
-    if mask is None:
-        m = jnp.ones((N,), bool)
-    else:
-        m = jnp.asarray(mask)
-        if m.shape != (N,):
-            raise ValueError(f"mask must have shape ({N},), got {m.shape}")
-    beta = _positive_scalar(temperature, "temperature")
-    wmax = _positive_scalar(max_weight, "max_weight")
-    if not isinstance(normalize, bool):
-        raise ValueError(f"normalize must be a static bool, got {normalize!r}")
-
-    xs, a, w, valid, fmean, fstd, stats = _prepare(x, a, adv, m, beta, wmax, normalize)
+    w = awr_weights(adv, cfg.temperature, cfg.max_weight, cfg.normalize, valid)
     k_init, k_shuffle = jax.random.split(key)
-    variables, opt_state, epoch = _trainer(module, float(learning_rate), float(weight_decay),
-                                           float(max_grad_norm), batch_size)(k_init, xs[:1])
+    state = init(cfg, k_init, x, mask=valid)
     losses = []
     keys = jax.random.split(k_shuffle, max(num_epochs, 1))
-    for e in range(num_epochs):
-        variables, opt_state, loss = epoch(variables, opt_state, keys[e], xs, a, w, valid)
+    for e in range(num_epochs):   # the host loop over epochs; each epoch is one compiled scan
+        state, loss = _epoch(state, keys[e], x, a, w, valid, cfg, batch_size)
         losses.append(loss)
         if callback is not None:
             callback(e, {"loss": float(loss)})
-    metrics = {"loss": jnp.stack(losses) if losses else jnp.zeros((0,), jnp.float32), **stats}
-    return WeightPolicyParams(variables=variables, feature_mean=fmean, feature_std=fstd, module=module), metrics
+    metrics = {"loss": jnp.stack(losses) if losses else jnp.zeros((0,), jnp.float32),
+               **_weight_stats(w, req, valid, cfg.max_weight)}
+    return state.policy, metrics

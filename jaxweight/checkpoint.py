@@ -17,9 +17,13 @@ implementation name and come back as typed keys.
 
 Example::
 
-    state = curriculum.init(cfg)
+    import jax.numpy as jnp
+    from jaxweight import checkpoint
+
+    state = {"ema": jnp.zeros(8), "count": jnp.asarray(3, jnp.int32)}
     checkpoint.save("run/state.ckpt", state, metadata={"step": 10})
-    state = checkpoint.load("run/state.ckpt", curriculum.init(cfg))
+    back = checkpoint.load("run/state.ckpt", state)       # checks paths, shapes, dtypes
+    assert int(back["count"]) == 3
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
-from ._util import StateFileError, atomic_write_bytes, atomic_write_json, is_key, warn_deprecated
+from ._util import StateFileError, atomic_write_bytes, atomic_write_json, is_key
 
 __all__ = ["save", "load", "load_with_metadata", "load_metadata", "save_json", "save_bytes", "CheckpointError",
            "StateFileError", "FORMAT_VERSION"]
@@ -147,18 +151,14 @@ def load_metadata(path: str | os.PathLike) -> dict:
     return json.loads(_read_payload(path)["metadata"])
 
 
-def load(path: str | os.PathLike, target: Any, *, return_metadata: bool = False) -> Any:
-    """Load a checkpoint into the structure of ``target``.
-
-    ``return_metadata=True`` is deprecated (a flag that changes the return arity):
-    use :func:`load_with_metadata`.
+def load(path: str | os.PathLike, target: Any) -> Any:
+    """Load a checkpoint into the structure of ``target`` (:func:`load_with_metadata` adds the metadata).
 
     Args:
       path: a file written by :func:`save`.
       target: a pytree with the expected structure, e.g. a freshly ``init``-ed
         state or ``jax.eval_shape(init, ...)`` (leaves may be arrays or
         ``jax.ShapeDtypeStruct``). Its static fields are kept.
-      return_metadata: deprecated; see :func:`load_with_metadata`.
 
     Returns:
       The restored tree (jax arrays with exactly the stored dtypes and shapes;
@@ -169,9 +169,6 @@ def load(path: str | os.PathLike, target: Any, *, return_metadata: bool = False)
       CheckpointError (a ``ValueError``): truncated, corrupted, other format,
         or a leaf path / shape / dtype that does not match ``target``.
     """
-    if return_metadata:
-        warn_deprecated("checkpoint.load(..., return_metadata=True)", "checkpoint.load_with_metadata(path, target)")
-        return load_with_metadata(path, target)
     return _restore(path, _read_payload(path), target)
 
 

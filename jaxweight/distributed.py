@@ -1,35 +1,31 @@
-"""Multi-device and multi-host helpers: meshes, data-parallel steps, weight broadcast.
+"""Multi-device and multi-host helpers: meshes, data-parallel steps, global arrays.
 
-jaxweight's step functions are pure jitted functions over pytrees, so scaling
-them out needs no new algorithm, only JAX's own machinery:
+Generic JAX machinery, no jaxweight concept: meshes and shardings (one named
+``"data"`` axis), data parallelism (:func:`data_parallel_jit` for an unchanged
+one-device step, :func:`data_parallel_grad` / :func:`data_parallel_train_step`
+with ``shard_map`` and ``lax.pmean``), and several processes
+(:func:`initialize_cpu_cluster`, :func:`shard_batch`, :func:`replicate`,
+:func:`to_host`, :func:`broadcast_from_process0`). The same code runs on one
+device, several devices and several processes. Guide: ``docs/multihost.md``.
 
-* **Meshes and shardings** (:func:`make_mesh`, :func:`split_devices`,
-  :func:`replicated`, :func:`batch_sharding`): one named ``"data"`` axis.
-* **Data parallelism**: :func:`data_parallel_jit` jits an unchanged one-device
-  step with the batch sharded and everything else replicated (XLA inserts the
-  gradient all-reduce), :func:`data_parallel_grad` is the explicit version
-  (``jax.shard_map`` + ``lax.pmean``), and :func:`data_parallel_train_step`
-  builds a whole optax step from a per-batch gradient function.
-* **Reward-model training** (:func:`reward_train_step`): the one reward train
-  step ``jaxweight.preference.train_step`` under ``shard_map`` with
-  ``axis_name`` (whole epochs: ``jaxweight.preference.train_reward(..., mesh=)``).
-* **Several processes / hosts**: :func:`initialize_cpu_cluster` (or plain
-  ``jax.distributed.initialize`` on GPU/TPU), :func:`shard_batch` and
-  :func:`replicate` build global arrays from what each process holds,
-  :func:`to_host` reads results back, :func:`broadcast_from_process0` and
-  :func:`broadcast_weight_sync` push the learner's weights from process 0 to the
-  actors of every process with :class:`jaxweight.sync.WeightSync` semantics.
+* **Reward-model training**: ``jaxweight.preference.training.step`` / ``epoch``
+  take ``mesh=`` (or ``axis_name=`` inside ``shard_map``) themselves.
 
-The same code runs on one device, on several devices of one process and on
-several processes: every helper works from the process-local view. See
-``docs/multihost.md`` for the step-by-step guide.
+Example::
 
-Example (one process, 8 devices)::
+    import jax, jax.numpy as jnp, optax
+    from jaxweight import distributed as dist
 
-    mesh = make_mesh()                                   # all devices on axis "data"
-    params = replicate(params, mesh)
-    step = data_parallel_train_step(grad_fn, optax.adamw(1e-3), mesh)
-    params, opt_state, aux = step(params, opt_state, shard_batch(batch, mesh))
+    def grad_fn(params, batch):                      # (params, batch shard) -> (grads, aux)
+        loss, g = jax.value_and_grad(lambda p: jnp.mean((batch["x"] @ p - batch["y"]) ** 2))(params)
+        return g, loss
+
+    mesh, opt = dist.make_mesh(), optax.sgd(0.1)     # every device on axis "data"
+    params = dist.replicate(jnp.zeros(3), mesh)
+    step = dist.data_parallel_train_step(grad_fn, opt, mesh)
+    batch = dist.shard_batch({"x": jnp.ones((8, 3)), "y": jnp.ones(8)}, mesh)
+    params, opt_state, loss = step(params, opt.init(params), batch)
+    assert float(loss) == 1.0
 """
 
 from __future__ import annotations
@@ -44,7 +40,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .sync import Placement, UpdateMap, WeightSync
+from ._util import varying
 
 __all__ = [
     "DATA_AXIS",
@@ -58,10 +54,8 @@ __all__ = [
     "data_parallel_jit",
     "data_parallel_grad",
     "data_parallel_train_step",
-    "reward_train_step",
     "initialize_cpu_cluster",
     "broadcast_from_process0",
-    "broadcast_weight_sync",
 ]
 
 DATA_AXIS = "data"
@@ -243,7 +237,7 @@ def data_parallel_grad(grad_fn: Callable[[Any, Any], Any], mesh: Mesh, *, axis_n
     def body(params, batch):
         # differentiate w.r.t. a per-device copy: a gradient w.r.t. the replicated params
         # would already be summed over devices by shard_map's autodiff
-        out = grad_fn(_varying(params, axis_name), batch)
+        out = grad_fn(varying(params, axis_name), batch)
         if not weighted:
             return jax.lax.pmean(out, axis_name)
         tree, w = out
@@ -287,83 +281,6 @@ def data_parallel_train_step(grad_fn: Callable[[Any, Any], tuple[Any, Any]], opt
     return jax.jit(step, out_shardings=replicated(mesh), donate_argnums=(0, 1) if donate else ())
 
 
-def _varying(tree: Any, axis_name: str) -> Any:
-    """Mark replicated values as per-device inside ``shard_map``.
-
-    Under ``shard_map`` the gradient with respect to a replicated (device-invariant)
-    input is implicitly summed over the axis; differentiating with respect to
-    a per-device copy keeps the gradient local, so the explicit reduction that
-    follows is the only one.
-    """
-    def one(x):
-        try:
-            return jax.lax.pcast(x, (axis_name,), to="varying")
-        except ValueError:  # already per-device
-            return x
-
-    return jax.tree.map(one, tree)
-
-
-# ---------------------------------------------------- reward-model training
-def reward_train_step(trainer: Any, mesh: Mesh, *, axis_name: str = DATA_AXIS) -> Callable:
-    """Data-parallel ``jaxweight.preference.train_step``: every member's batch split over devices.
-
-    No second implementation: this is ``jax.shard_map`` of
-    :func:`jaxweight.preference.train_step` with ``axis_name``, the one reward
-    train step of jaxweight. Each device computes the gradient of its rows of
-    every minibatch; the shard gradients (and per-minibatch counts and loss
-    sums) are added with ``lax.psum``, which gives the full-batch gradient of
-    the one-device step, with gradient accumulation, the Lp penalty added once
-    per non-empty minibatch, imitation's in-place weight-decay regulariser,
-    AdamW and the metrics exactly as on one device. Ensembles train every
-    member at once (``vmap``) on its own batch. For whole epochs over a buffer
-    use ``jaxweight.preference.train_reward(..., mesh=mesh)``.
-
-    Args:
-      trainer: a :class:`jaxweight.preference.RewardTrainer` (or its ``TrainerConfig``).
-      mesh: the data mesh (may span several processes).
-      axis_name: the mesh axis the batch is split over.
-
-    Returns:
-      ``step(state, pairs, prefs, mask=None) -> (state, metrics)`` (jitted), with
-      the shapes of ``train_step``: ``pairs [B, ...]`` / ``prefs f32[B]`` /
-      ``mask bool[B]``, or ``[M, B, ...]`` for ensembles. Pass the state
-      replicated (:func:`replicate`) and the batch split along ``B``
-      (:func:`shard_batch` with ``batch_axis=1`` for ensembles); with one process
-      plain arrays work too.
-
-    Raises:
-      ValueError: ``B`` is not a multiple of the number of devices, or the
-        per-device batch ``B / n`` and ``minibatch_size`` do not divide one
-        another.
-
-    Example::
-
-        trainer = RewardTrainer(RewardMLP(), num_members=3)
-        step = reward_train_step(trainer, make_mesh())
-        state, metrics = step(replicate(state, mesh), pairs, prefs)   # == trainer.step(state, pairs, prefs)
-    """
-    from .preference.training import _local_batch, train_step
-
-    config = getattr(trainer, "config", trainer)
-    _local_batch(config, int(mesh.shape[axis_name]), axis_name)
-    spec = P(None, axis_name) if config.ensemble else P(axis_name)
-    lead = (config.num_members, config.batch_size) if config.ensemble else (config.batch_size,)
-    sharded = jax.shard_map(
-        lambda state, pairs, prefs, mask: train_step(state, pairs, prefs, config, mask, axis_name=axis_name),
-        mesh=mesh, in_specs=(P(), spec, spec, spec), out_specs=(P(), P()),
-    )
-
-    @jax.jit
-    def step(state, pairs, prefs, mask=None):
-        if tuple(np.shape(prefs)) != lead:
-            raise ValueError(f"prefs must have shape {lead}, got {tuple(np.shape(prefs))}")
-        mask = jnp.ones(lead, bool) if mask is None else jnp.asarray(mask, bool)
-        return sharded(state, pairs, jnp.asarray(prefs, jnp.float32), mask)
-
-    return step
-
-
 # -------------------------------------------------------------- multi-host
 def initialize_cpu_cluster(coordinator_address: str, num_processes: int, process_id: int, *,
                            local_device_count: int | None = None, bind_coordinator: str | None = None,
@@ -389,7 +306,7 @@ def initialize_cpu_cluster(coordinator_address: str, num_processes: int, process
         the CPU backend is already initialised.)
       initialization_timeout: seconds to wait for every process to join.
 
-    Example::
+    In every process, first thing::
 
         initialize_cpu_cluster("10.0.0.1:4321", num_processes=2, process_id=rank)
         mesh = make_mesh()          # spans both hosts' devices
@@ -437,30 +354,3 @@ def broadcast_from_process0(tree: Any, *, is_source: bool | None = None) -> Any:
     from jax.experimental import multihost_utils
 
     return multihost_utils.broadcast_one_to_all(tree, is_source=is_source)
-
-
-def broadcast_weight_sync(interval: int, placement: Placement = None, update_map: UpdateMap | None = None,
-                          *, is_source: bool | None = None, donate: bool = True) -> WeightSync:
-    """A :class:`~jaxweight.sync.WeightSync` whose fired copies come from process 0.
-
-    Every process calls the hook in lockstep once per collected batch with
-    ``(learner_params, actor_params)``; process 0 passes its live learner
-    weights, the others pass any tree of the same shape (e.g. their actor
-    params). On a fire the learner tree of process 0 is broadcast to all
-    processes and placed on ``placement`` (default: this process's first local
-    device); between fires each process keeps its actor copy. Counters are
-    identical on all processes, so ``state_dict()`` may be saved from any.
-
-    Example::
-
-        hook = broadcast_weight_sync(4)
-        for batch in range(n):
-            actor = hook(learner if jax.process_index() == 0 else actor, actor)
-    """
-    dest = placement if placement is not None else jax.local_devices()[0]
-
-    def transport(tree, where):
-        host = broadcast_from_process0(tree, is_source=is_source)
-        return jax.device_put(host, where if where is not None else dest)
-
-    return WeightSync(interval, placement=dest, update_map=update_map, donate=donate, transport=transport)

@@ -13,9 +13,13 @@ needs the ``tensorboard`` extra (tensorboardX).
 
 Example::
 
+    import jax.numpy as jnp
     from jaxweight import metrics
+
+    logs = metrics.flatten({"loss": jnp.float32(0.5), "acc": jnp.ones(3)}, prefix="preference")
+    assert logs == {"preference/loss": 0.5, "preference/acc/mean": 1.0}
     with metrics.JsonlWriter("out/metrics.jsonl") as w:
-        w.write(step, metrics.flatten({"loss": loss, "acc": acc}, prefix="preference"))
+        w.write(0, logs)
 """
 
 from __future__ import annotations

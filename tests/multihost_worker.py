@@ -5,9 +5,9 @@ from the repository root. It joins the cluster on 127.0.0.1 (gloo CPU
 collectives), then
 
 1. syncs weights from process 0 to every process through
-   ``jaxweight.distributed.broadcast_weight_sync`` for a few ticks, and
-2. runs data-parallel reward-training steps (``RewardTrainer``'s step through
-   ``jaxweight.distributed.reward_train_step``) on a mesh spanning both
+   ``jaxweight.sync.broadcast_weight_sync`` for a few ticks, and
+2. runs data-parallel reward-training steps (``preference.training.step`` with
+   ``mesh=``) on a mesh spanning both
    processes, each process feeding its half of the batch,
 
 and writes what it saw to ``DIR/worker<I>.npz`` (NumPy, no pickle).
@@ -75,6 +75,9 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
     import numpy as np
 
+    from jaxweight import sync
+    from jaxweight.preference import training
+
     pid = jax.process_index()
     out: dict[str, np.ndarray] = {
         "process_count": np.asarray(jax.process_count()),
@@ -86,7 +89,7 @@ def main(argv=None) -> int:
     #    processes pass a junk tree of the same shapes as their "learner".
     learner = {"w": jnp.zeros((3,), jnp.float32), "b": jnp.zeros((), jnp.int32)}
     actor = jax.device_put(dist.broadcast_from_process0(learner), jax.local_devices()[0])
-    hook = dist.broadcast_weight_sync(SYNC_INTERVAL)
+    hook = sync.broadcast_weight_sync(SYNC_INTERVAL)
     seen, fired = [], []
     for t in range(1, SYNC_TICKS + 1):
         if pid == 0:
@@ -107,7 +110,7 @@ def main(argv=None) -> int:
     per = GLOBAL_PAIRS // args.num_processes
     local = jax.tree.map(lambda x: x[pid * per:(pid + 1) * per], (pairs, prefs, mask))
     mesh = dist.make_mesh()
-    step = dist.reward_train_step(trainer, mesh)
+    step = jax.jit(lambda s, p, y, m: training.step(s, p, y, trainer.config, mask=m, mesh=mesh))
     st = dist.replicate(state, mesh)
     batch = dist.shard_batch(local, mesh)
     for _ in range(DP_STEPS):

@@ -145,11 +145,8 @@ def test_checkpoint_directory_and_mismatched_target(tmp_path):
         checkpoint.load(p, {**_state(), "extra": jnp.zeros(1)})
 
 
-def test_load_with_metadata_and_deprecated_flag(tmp_path):
+def test_load_with_metadata(tmp_path):
     p = checkpoint.save(tmp_path / "m.ckpt", _state(), metadata={"round": 3})
     tree, meta = checkpoint.load_with_metadata(p, _state())
     assert meta == {"round": 3}
     np.testing.assert_array_equal(np.asarray(tree["w"]), [0.0, 1.0, 2.0])
-    with pytest.deprecated_call():
-        tree2, meta2 = checkpoint.load(p, _state(), return_metadata=True)
-    assert meta2 == meta

@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxweight import controllers as C
+from jaxweight import awr
 from jaxweight import curriculum as cur
+from jaxweight import maxent
 from jaxweight import preference as pf
 from jaxweight import random_weighting as rw
 from jaxweight import sync as S
@@ -24,20 +25,23 @@ def _pairs():
 
 
 def _cases():
-    k = C.config(0.5, 0.1, schedule=C.TauSchedule(target_entropy=1.0, learning_rate=0.1))
+    k = maxent.config(0.5, 0.1, schedule=maxent.TauSchedule(target_entropy=1.0, learning_rate=0.1))
     c = cur.config("prioritized", capacity=16)
     r = rw.config()
+    rc = rw.component_config(r)
+    a = awr.config(2, hidden_sizes=(4,))
+    xc = rw.xray_scale_config()
     s = S.config(2)
     tr = pf.RewardTrainer(pf.RewardMLP(hidden_sizes=(4,), action_space=pf.Discrete(2)), num_members=2)
     return {
-        "controllers": (k, lambda: C.init(k)),
-        "controllers_init_controller": (None, lambda: C.init_controller(k.tau, k.beta)),
+        "maxent": (k, lambda: maxent.init(k)),
         "curriculum": (c, lambda: cur.init(c)),
         "random_weighting": (r, lambda: rw.init(r, 0)),
-        "random_weighting_component": (r, lambda: rw.component_init(r, 0, 1.0)),
-        "xray_scale": (None, lambda: rw.xray_scale_init(1.0)),
+        "random_weighting_component": (rc, lambda: rw.component_init(rc, 0, 1.0)),
+        "xray_scale": (xc, lambda: rw.xray_scale_init(xc, 1.0)),
+        "awr": (a, lambda: awr.init(a, 0, jnp.ones((4, 3)))),
         "sync": (s, lambda: S.init(s)),
-        "preference_buffer": (None, lambda: pf.buffer_init(8, _pairs())),
+        "preference_buffer": (pf.buffer.config(8), lambda: pf.buffer.init(pf.buffer.config(8), None, _pairs())),
         "reward_trainer": (tr.config, lambda: tr.init(0, pf.example_inputs(_pairs()))),
     }
 
@@ -78,15 +82,12 @@ def test_state_can_be_donated_and_the_config_survives(name):
 
 def test_donated_maxent_step_with_a_controller_state_from_init():
     """The case a user meets: a jitted training step that donates a state holding a ControllerState."""
-    from jaxweight import maxent
+    cfg = maxent.config(0.5, 0.04, schedule=maxent.TauSchedule(target_entropy=1.0, learning_rate=0.1))
+    state = {"ctl": maxent.init(cfg), "t": jnp.zeros((), jnp.int32)}
 
-    cfg = C.config(0.5, 0.04, schedule=C.TauSchedule(target_entropy=1.0, learning_rate=0.1))
-    state = {"ctl": C.init(cfg), "t": jnp.zeros((), jnp.int32)}
-
-    @jax.jit
     def _step(st, rewards):
-        out = maxent.maxent_step(st["ctl"], rewards, -jnp.ones_like(rewards), None, None, cfg, global_step=st["t"])
-        return {"ctl": out.state, "t": st["t"] + 1}
+        ctl, _ = maxent.step(st["ctl"], rewards, -jnp.ones_like(rewards), cfg, global_step=st["t"])
+        return {"ctl": ctl, "t": st["t"] + 1}
 
     step = jax.jit(_step, donate_argnums=0)
     for i in range(3):

@@ -216,7 +216,7 @@ def test_tensorboard_writer_nan_is_written(tmp_path):
 # ------------------------------------------------------------ every kind of metrics a user meets
 def _every_kind():
     """name -> flat metrics of each component's step output or state (small sizes)."""
-    from jaxweight import awr, controllers, curriculum, maxent, sync
+    from jaxweight import awr, curriculum, maxent, sync
     from jaxweight import preference as pf
     from jaxweight import random_weighting as rw
 
@@ -225,17 +225,17 @@ def _every_kind():
     rstate = rw.step(rw.init(rcfg, 0), 1, rcfg)
     out["random_weighting/state"] = rw.metrics_dict(rstate, rcfg)
     ccfg = curriculum.config("prioritized", capacity=64)
-    cstate, step_out = curriculum.step(curriculum.init(ccfg), 0, jnp.arange(8), jnp.linspace(0, 1, 8), ccfg, 1, 10, 4)
+    cstate, step_out = curriculum.step(curriculum.init(ccfg), 0, jnp.arange(8), jnp.linspace(0, 1, 8), ccfg, num=4)
     out["curriculum/state"] = curriculum.metrics_dict(cstate, ccfg)
     out["curriculum/step"] = step_out.to_dict()
-    kcfg = controllers.config(0.5, 0.04, schedule=controllers.TauSchedule(target_entropy=1.0, learning_rate=0.1),
-                              kl=controllers.KLController(target=0.05, horizon=10, step_size=0.2))
-    m_out = maxent.maxent_step(controllers.init(kcfg), jnp.arange(12.0).reshape(3, 4), -jnp.ones((3, 4)), None,
-                               None, kcfg, global_step=1, measured_kl=0.1)
-    out["maxent/step"] = m_out.to_dict()
-    out["controllers/state"] = controllers.metrics_dict(m_out.state)
+    kcfg = maxent.config(0.5, 0.04, schedule=maxent.TauSchedule(target_entropy=1.0, learning_rate=0.1),
+                         kl=maxent.KLController(target=0.05, horizon=10, step_size=0.2))
+    m_state, m_out = maxent.step(maxent.init(kcfg), jnp.arange(12.0).reshape(3, 4), -jnp.ones((3, 4)), kcfg,
+                                 global_step=1, measured_kl=0.1)
+    out["maxent/step"] = maxent.metrics_dict(m_out, kcfg)
+    out["maxent/state"] = maxent.metrics_dict(m_state, kcfg)
     scfg = sync.config(2)
-    s, _, _ = sync.tick(sync.init(scfg), {"w": jnp.ones(2)}, {"w": jnp.ones(2)}, scfg)
+    s, _, _ = sync.step(sync.init(scfg), {"w": jnp.ones(2)}, {"w": jnp.ones(2)}, scfg)
     out["sync/state"] = sync.metrics_dict(s)
     rng = np.random.default_rng(0)
     pairs = pf.fragment_pairs_from_arrays(rng.normal(size=(16, 2, 4, 3)).astype("f4"),
@@ -245,13 +245,16 @@ def _every_kind():
     trainer = pf.RewardTrainer(pf.RewardMLP(hidden_sizes=(4,), action_space=pf.Discrete(2)), num_members=2,
                                batch_size=8, minibatch_size=8)
     tstate = trainer.init(0, pf.example_inputs(pairs))
-    buf = pf.buffer_push(pf.buffer_init(16, pairs), pairs, prefs)
+    bcfg = pf.buffer.config(16)
+    buf = pf.buffer.step(pf.buffer.init(bcfg, None, pairs), pairs, prefs, bcfg)
+    out["preference/buffer"] = pf.buffer.metrics_dict(buf, bcfg)
     _, host = trainer.train(tstate, 2, buf)
     out["preference/trainer"] = host
-    _, m = pf.train_reward(tstate, 2, buf, trainer.config)
-    out["preference/train_reward"] = pf.metrics_dict(m)
+    _, m = pf.training.epoch(tstate, 2, buf, trainer.config)
+    out["preference/train_reward"] = pf.training.metrics_dict(m, trainer.config)
     _, fit = awr.fit_weight_policy(0, rng.normal(size=(32, 3)).astype("f4"), rng.normal(size=(32, 2)).astype("f4"),
-                                   rng.normal(size=32).astype("f4"), hidden_sizes=(4,), num_epochs=2, batch_size=16)
+                                   rng.normal(size=32).astype("f4"), awr.config(2, hidden_sizes=(4,)), num_epochs=2,
+                                   batch_size=16)
     out["awr/fit"] = metrics.flatten(fit, "awr")
     return out
 
@@ -266,10 +269,10 @@ def test_every_kind_of_metrics_is_a_flat_float_dict(kinds):
         assert d, name
         for k, v in d.items():
             assert isinstance(k, str) and "/" in k and type(v) is float, (name, k, type(v))
-    assert kinds["maxent/step"]["maxent/tau"] == kinds["controllers/state"]["controllers/tau"] != 0.5  # updated
+    assert kinds["maxent/step"]["maxent/tau"] == kinds["maxent/state"]["maxent/tau"] != 0.5  # updated
     assert kinds["sync/state"] == {"sync/counter": 1.0, "sync/staleness": 1.0, "sync/version": 0.0}
     assert kinds["curriculum/step"]["curriculum/n_applied"] == 8.0
-    assert kinds["controllers/state"]["controllers/current_target"] == pytest.approx(1.0)  # set by the update
+    assert kinds["maxent/state"]["maxent/current_target"] == pytest.approx(1.0)  # set by the update
 
 
 def test_every_kind_of_metrics_goes_to_tensorboard(kinds, tmp_path):

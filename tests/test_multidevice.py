@@ -65,7 +65,7 @@ def test_actor_learner_on_different_devices(devices8, use_hook):
             actor = hook(params, actor)
             fired = hook.fired
         else:
-            state, actor, fired = sync.tick(state, params, actor, cfg)
+            state, actor, fired = sync.step(state, params, actor, cfg)
             fired = bool(fired)
         assert fired == (t % k == 0)
         # the actor lags exactly as the fire pattern says
@@ -177,7 +177,7 @@ def test_broadcast_single_process_is_identity(devices8):
     tree = {"w": jnp.arange(3.0), "n": jnp.asarray(4, jnp.int32)}
     out = dist.broadcast_from_process0(tree)
     assert_trees_close(jax.tree.map(jnp.asarray, out), tree)
-    hook = dist.broadcast_weight_sync(2, placement=devices8[3])
+    hook = sync.broadcast_weight_sync(2, placement=devices8[3])
     actor = jax.device_put(tree, devices8[3])
     a1 = hook(tree, actor)
     assert a1 is actor
@@ -206,7 +206,7 @@ def test_curriculum_pool_sharded_on_the_data_mesh_matches_one_device(devices8):
         ids = jnp.asarray(rng.randint(0, n, p), jnp.int32)
         scores = jnp.asarray(rng.rand(p, g).round(2), jnp.float32)
         mask = jnp.asarray(rng.rand(p, g) < 0.8)
-        single, sharded = update(single, ids, scores, cfg, mask), update(sharded, ids, scores, cfg, mask)
+        single, sharded = update(single, ids, scores, cfg, mask=mask), update(sharded, ids, scores, cfg, mask=mask)
         assert sharded.ema.sharding.is_equivalent_to(dist.batch_sharding(mesh), 1)
     assert bool(single.has_boundaries)  # 96 updates: a rebin happened on the way
     assert_trees_close(jax.device_get(sharded), jax.device_get(single))
@@ -252,7 +252,7 @@ def _reward_cases():
 
 @pytest.mark.parametrize("case", list(_reward_cases()))
 def test_reward_training_data_parallel_matches_one_device(devices8, case):
-    from jaxweight.preference import RewardMLP, RewardTrainer, minibatch_grad, preference_probabilities
+    from jaxweight.preference import RewardMLP, RewardTrainer, cross_entropy_loss, preference_probabilities, training
 
     kw = _reward_cases()[case]
     trainer = RewardTrainer(RewardMLP(hidden_sizes=(8,)), batch_size=32, progress=False, **kw)
@@ -261,8 +261,8 @@ def test_reward_training_data_parallel_matches_one_device(devices8, case):
     example = jax.tree.map(lambda x: x.reshape(-1, *x.shape[len(lead):])[:1], pairs).transitions()
     state = jax.jit(lambda: trainer.init(0, example))()
     mesh = dist.make_mesh(devices8)
-    dp_step = dist.reward_train_step(trainer, mesh)
-    one_step = jax.jit(trainer.step)
+    dp_step = jax.jit(lambda s, p, y, m: training.step(s, p, y, trainer.config, mask=m, mesh=mesh))
+    one_step = jax.jit(lambda s, p, y, m: training.step(s, p, y, trainer.config, mask=m))
     ref, dp = state, dist.replicate(state, mesh)
     for _ in range(2):
         ref, ref_m = one_step(ref, pairs, prefs, mask)
@@ -278,7 +278,8 @@ def test_reward_training_data_parallel_matches_one_device(devices8, case):
     # the excluded bias has a zero gradient up to float noise ...
     first = jax.tree.map(lambda x: x[0], state.params) if "num_members" in kw else state.params
     sub = jax.tree.map(lambda x: x[0], (pairs, prefs, mask)) if "num_members" in kw else (pairs, prefs, mask)
-    g, _ = jax.jit(minibatch_grad, static_argnums=4)(first, *sub, trainer.config, state.hparams)
+    g = jax.grad(lambda p: cross_entropy_loss(preference_probabilities(trainer.module, p, sub[0])[0], sub[1],
+                                              sub[2])[0])(first)
     g_bias = float(np.abs(np.asarray(g["params"]["dense_final"]["bias"])).max())
     g_max = max(float(np.abs(np.asarray(x)).max()) for x in jax.tree.leaves(g))
     assert g_bias <= 1e-6 * g_max
@@ -291,18 +292,23 @@ def test_reward_training_data_parallel_matches_one_device(devices8, case):
     np.testing.assert_allclose(np.asarray(p_dp), np.asarray(p_ref), rtol=1e-5, atol=1e-6)
 
 
-def test_reward_train_step_validation(devices8):
-    from jaxweight.preference import RewardMLP, RewardTrainer
+def test_reward_step_on_a_mesh_validation(devices8):
+    from jaxweight.preference import RewardMLP, training
 
     mesh = dist.make_mesh(devices8)
-    with pytest.raises(ValueError, match="multiple of the 8 devices"):
-        dist.reward_train_step(RewardTrainer(RewardMLP(), batch_size=12, progress=False), mesh)
-    with pytest.raises(ValueError, match="must divide one another"):
-        dist.reward_train_step(RewardTrainer(RewardMLP(), batch_size=48, minibatch_size=4, progress=False), mesh)
-    step = dist.reward_train_step(RewardTrainer(RewardMLP(), batch_size=16, progress=False), mesh)
     pairs, prefs, _ = _reward_batch((16,))
+    state = jax.eval_shape(lambda: _trainer_state(pairs))
+
+    def step(**kw):
+        cfg = training.config(RewardMLP(), **kw)
+        return lambda p, y: jax.eval_shape(lambda s: training.step(s, p, y, cfg, mesh=mesh), state)
+
+    with pytest.raises(ValueError, match="multiple of the 8 devices"):
+        step(batch_size=12)(pairs, prefs)
+    with pytest.raises(ValueError, match="must divide one another"):
+        step(batch_size=48, minibatch_size=4)(pairs, prefs)
     with pytest.raises(ValueError, match="prefs must have shape"):
-        jax.eval_shape(step, jax.eval_shape(lambda: _trainer_state(pairs)), pairs, prefs[:8])
+        step(batch_size=16)(pairs, prefs[:8])
 
 
 def _trainer_state(pairs):
@@ -315,7 +321,7 @@ def _trainer_state(pairs):
 @pytest.mark.parametrize("members", [None, 2])
 def test_train_reward_on_a_mesh_matches_one_device(devices8, members):
     """Whole epochs over a buffer, data-parallel: the same one train step with ``axis_name``."""
-    from jaxweight.preference import RewardMLP, RewardTrainer, buffer_init, buffer_push, train_reward
+    from jaxweight.preference import RewardMLP, RewardTrainer, buffer, training
 
     trainer = RewardTrainer(RewardMLP(hidden_sizes=(8,)), num_members=members, batch_size=16, minibatch_size=8,
                             eps=1.0)
@@ -323,11 +329,12 @@ def test_train_reward_on_a_mesh_matches_one_device(devices8, members):
     # two bad stored pairs: left out (counted) on every device alike
     pairs = pairs.replace(obs=pairs.obs.at[3].set(jnp.nan))
     prefs = prefs.at[7].set(2.0)
-    buf = buffer_push(buffer_init(48, pairs), pairs, prefs)
+    bcfg = buffer.config(48)
+    buf = buffer.step(buffer.init(bcfg, None, pairs), pairs, prefs, bcfg)
     state = trainer.init(0, jax.tree.map(lambda x: x[:1], pairs).transitions())
-    one = jax.jit(lambda s, k, b: train_reward(s, k, b, trainer.config, epochs=2))
+    one = jax.jit(lambda s, k, b: training.epoch(s, k, b, trainer.config, epochs=2))
     mesh = dist.make_mesh(devices8)
-    dp = jax.jit(lambda s, k, b: train_reward(s, k, b, trainer.config, epochs=2, mesh=mesh))
+    dp = jax.jit(lambda s, k, b: training.epoch(s, k, b, trainer.config, epochs=2, mesh=mesh))
     ref, m_ref = one(state, jax.random.key(3), buf)
     got, m_dp = dp(state, jax.random.key(3), buf)
     assert int(got.steps) == int(ref.steps) == 2 * 3  # ceil(38 / 16) steps per epoch

@@ -34,6 +34,8 @@ def test_readme_blocks_run(monkeypatch, tmp_path):
         except Exception as e:  # pragma: no cover - the message says which block broke
             pytest.fail(f"README block {i} failed: {type(e).__name__}: {e}\n{code}")
     # the blocks computed what their comments say
+    assert ns["rw_logs"]["random_weighting/sample_count"] == 1.0      # the five-line example
+    assert "maxent/weight_entropy" in ns["mx_logs"] and ns["cur_logs"]["curriculum/items_tracked"] == 8.0
     assert ns["lw"].shape == (10_000, 100, 10)
     assert ns["next_ids"].shape == (4096,) and ns["clogs"]["curriculum/items_tracked"] > 4000
     assert ns["mlogs"]["maxent/tau"] != 0.5 and ns["mlogs"]["maxent/n_invalid"] == 0.0

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from .._util import check_choice, check_static_int, check_value
+from .._util import check_choice, check_static_int, check_value, concrete
 
 Array = jax.Array
 
@@ -32,7 +32,9 @@ class CurriculumConfig:
     ``capacity``, ``priority``. Array leaves (new values never recompile and
     can be vmapped over): ``temperature``, ``ema_alpha``,
     ``competence_threshold``, ``competence_c0``, ``staleness_coeff`` (f32[])
-    and ``rebin_interval`` (i32[]).
+    and ``rebin_interval`` (i32[]). The constructor (also through ``replace``)
+    runs the checks of :func:`config` on concrete values; traced ones are
+    checked under ``jaxweight.checked``.
     """
 
     temperature: Array
@@ -45,6 +47,38 @@ class CurriculumConfig:
     n_bins: int = struct.field(pytree_node=False, default=5)
     capacity: int = struct.field(pytree_node=False, default=1)
     priority: str = struct.field(pytree_node=False, default="frontier")
+
+    def __post_init__(self):
+        # the checks of :func:`config`, also for a config built directly or by ``replace``;
+        # traced leaves and jax's unflattening placeholders are skipped (see ``config``)
+        _check_static(self.strategy, self.n_bins, self.capacity, self.priority)
+        for name, kw in _LEAF_CHECKS.items():
+            v = getattr(self, name)
+            if isinstance(v, jax.Array | np.ndarray | np.generic | int | float) and concrete(v) is not None:
+                check_value(v, name, **kw)
+
+
+_LEAF_CHECKS = {
+    "temperature": dict(gt=0.0),
+    "ema_alpha": dict(ge=0.0, le=1.0),
+    "competence_threshold": {},
+    "rebin_interval": dict(ge=1, le=2**31 - 1, integer=True),
+    "competence_c0": dict(gt=0.0, le=1.0),
+    "staleness_coeff": dict(ge=0.0, le=1.0),
+}
+
+
+def _check_static(strategy: Any, n_bins: Any, capacity: Any, priority: Any) -> int:
+    _check_strategy(strategy)
+    if isinstance(n_bins, bool) or not isinstance(n_bins, int | np.integer):
+        raise ValueError(f"n_bins must be a static Python int, got {type(n_bins).__name__}")
+    if n_bins < 1:
+        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
+    capacity = check_static_int(capacity, "capacity", minimum=1)
+    if capacity > _MAX_CAPACITY:
+        raise ValueError(f"capacity must be <= {_MAX_CAPACITY}, got {capacity}")
+    check_choice(priority, "priority", PRIORITIES)
+    return capacity
 
 
 def _check_strategy(strategy: Any) -> str:
@@ -104,23 +138,16 @@ def config(
 
     Example::
 
-        cfg = config("easy_first", 5, capacity=10_000, temperature=0.5)
+        from jaxweight import curriculum as cur
+
+        cfg = cur.config("easy_first", 5, capacity=10_000, temperature=0.5)
+        assert cfg.n_bins == 5 and float(cfg.temperature) == 0.5
     """
-    _check_strategy(strategy)
-    if isinstance(n_bins, bool) or not isinstance(n_bins, int | np.integer):
-        raise ValueError(f"n_bins must be a static Python int, got {type(n_bins).__name__}")
-    if n_bins < 1:
-        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
-    capacity = check_static_int(capacity, "capacity", minimum=1)
-    if capacity > _MAX_CAPACITY:
-        raise ValueError(f"capacity must be <= {_MAX_CAPACITY}, got {capacity}")
-    check_choice(priority, "priority", PRIORITIES)
-    check_value(temperature, "temperature", gt=0.0)
-    check_value(ema_alpha, "ema_alpha", ge=0.0, le=1.0)
-    check_value(competence_threshold, "competence_threshold")
-    check_value(rebin_interval, "rebin_interval", ge=1, le=2**31 - 1, integer=True)
-    check_value(competence_c0, "competence_c0", gt=0.0, le=1.0)
-    check_value(staleness_coeff, "staleness_coeff", ge=0.0, le=1.0)
+    capacity = _check_static(strategy, n_bins, capacity, priority)
+    values = dict(temperature=temperature, ema_alpha=ema_alpha, competence_threshold=competence_threshold,
+                  rebin_interval=rebin_interval, competence_c0=competence_c0, staleness_coeff=staleness_coeff)
+    for name, kw in _LEAF_CHECKS.items():  # concrete values here; traced ones through checkify
+        check_value(values[name], name, **kw)
 
     def f32(v):
         return jnp.asarray(v, jnp.float32)

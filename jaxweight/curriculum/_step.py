@@ -7,11 +7,10 @@ from typing import Any
 import jax
 from flax import struct
 
-from .._util import as_key, check_static_int
 from ..metrics import flatten
 from ._config import CurriculumConfig, _check_state
-from .sampling import _check_progress, _eligible, _sample_core
-from .state import CurriculumState, UpdateStats, _batch_stats, _prepare, _update_core
+from .sampling import sample
+from .state import CurriculumState, UpdateStats, batch_stats, update
 
 Array = jax.Array
 
@@ -34,21 +33,24 @@ class StepOut:
         return flatten(self.stats, "curriculum")
 
 
-def step(state: CurriculumState, key: Any, item_ids: Any, scores: Any, cfg: CurriculumConfig,
-         current_step: Any, total_steps: Any, num: int, eligible: Any = None,
+def step(state: CurriculumState, key: Any, item_ids: Any, scores: Any, cfg: CurriculumConfig, *,
+         num: int, step: Any = None, total_steps: Any = None, eligible: Any = None,
          mask: Any = None) -> tuple[CurriculumState, StepOut]:
-    """:func:`update` with the last batch's scores, then :func:`sample` for the next batch.
+    """:func:`~jaxweight.curriculum.update` with the last batch's scores, then
+    :func:`~jaxweight.curriculum.sample` for the next batch.
 
-    In a loop use :data:`step_jit` (state donated, updated in place).
+    In a loop jit it with the state donated (``jax.jit(cur.step,
+    donate_argnums=0, static_argnames="num")``): the pool is updated in place.
 
     Args:
       state: the scheduler state.
       key: PRNG key or int seed for the sampling.
       item_ids: i32[B] ids of the last batch.
-      scores: f32[B] their rewards (NaN/inf skipped and counted).
+      scores: f32[B] their rewards (NaN/inf and out-of-range ids skipped and counted).
       cfg: the config.
-      current_step, total_steps: training progress (finite).
       num: size of the next batch (static).
+      step, total_steps: training progress (finite); required by the
+        strategies that move with time.
       eligible: optional bool[N] items that may be drawn.
       mask: optional bool[B] entries of the last batch to apply.
 
@@ -57,20 +59,19 @@ def step(state: CurriculumState, key: Any, item_ids: Any, scores: Any, cfg: Curr
 
     Example::
 
-        state, out = step_jit(state, key, ids, rewards, cfg, t, total, num=256)
-        ids = out.item_ids; log(out.to_dict())
+        import jax, jax.numpy as jnp
+        from jaxweight import curriculum as cur
+
+        cfg = cur.config("competence_sqrt", capacity=1000)
+        run = jax.jit(cur.step, donate_argnums=0, static_argnames="num")
+        state, out = run(cur.init(cfg), jax.random.key(0), jnp.arange(8), jnp.linspace(0, 1, 8), cfg,
+                         num=16, step=1, total_steps=100)
+        assert out.item_ids.shape == (16,) and out.to_dict()["curriculum/n_applied"] == 8.0
     """
     _check_state(state, cfg)
-    ids, scores, mask = _prepare(item_ids, scores, cfg, mask)
-    if scores.ndim != 1:
-        raise ValueError(f"scores must have rank 1 like item_ids, got shape {scores.shape}")
-    stats = _batch_stats(ids, scores, cfg, mask)
-    state = _update_core(state, ids, scores, cfg, mask)
-    cs, ts = _check_progress(current_step, total_steps)
-    num = check_static_int(num, "num", minimum=0)
-    nxt = _sample_core(state, as_key(key), cfg, cs, ts, num, _eligible(eligible, cfg.capacity))
+    stats = batch_stats(item_ids, scores, cfg, mask=mask)
+    if jax.numpy.ndim(scores) != 1:
+        raise ValueError(f"scores must have rank 1 like item_ids, got shape {jax.numpy.shape(scores)}")
+    state = update(state, item_ids, scores, cfg, mask=mask)
+    nxt = sample(state, key, cfg, num=num, step=step, total_steps=total_steps, eligible=eligible)
     return state, StepOut(item_ids=nxt, stats=stats)
-
-
-step_jit = jax.jit(step, static_argnames=("num",), donate_argnums=0)
-"""``jax.jit(step, static_argnames="num", donate_argnums=0)``: update + sample in place."""

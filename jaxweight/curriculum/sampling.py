@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 import jax
@@ -14,18 +13,29 @@ from .._util import as_key, check_static_int, check_value
 from ._config import CurriculumConfig, _check_state, _temperature
 from ._select import _bins_of
 from ._tree import _block_counts, _block_sums, _choose, _descend, _tree
-from .state import CurriculumState, _bin_boundaries
+from .state import CurriculumState, bin_boundaries
 
 Array = jax.Array
 
 __all__ = ["bin_probabilities", "sample_bin", "sample"]
 
 
-def _check_progress(current_step: Any, total_steps: Any) -> tuple[Array, Array]:
-    """Finite progress values (ValueError when concrete, a checkify check when traced)."""
-    check_value(current_step, "current_step")
+_TIMED = ("easy_first", "competence_based", "competence_sqrt")  # strategies that read the progress
+
+
+def _check_progress(cfg: CurriculumConfig, step: Any, total_steps: Any) -> tuple[Array, Array]:
+    """Finite progress values (ValueError when concrete, a checkify check when traced).
+
+    ``uniform`` and ``prioritized`` do not read the progress: None stands for 0 of 1.
+    """
+    if step is None or total_steps is None:
+        if cfg.strategy in _TIMED:
+            raise ValueError(f"strategy {cfg.strategy!r} needs the training progress: pass step= and "
+                             f"total_steps=, got step={step!r}, total_steps={total_steps!r}")
+        step, total_steps = (0 if step is None else step), (1 if total_steps is None else total_steps)
+    check_value(step, "step")
     check_value(total_steps, "total_steps")
-    return jnp.asarray(current_step, jnp.float32), jnp.asarray(total_steps, jnp.float32)
+    return jnp.asarray(step, jnp.float32), jnp.asarray(total_steps, jnp.float32)
 
 
 def _progress(current_step: Array, total_steps: Array) -> Array:
@@ -34,11 +44,11 @@ def _progress(current_step: Array, total_steps: Array) -> Array:
     return jnp.where(jnp.isnan(p), jnp.float32(0.0), p)  # NaN progress (traced) reads as 0
 
 
-def bin_probabilities(cfg: CurriculumConfig, current_step: Any, total_steps: Any,
+def bin_probabilities(cfg: CurriculumConfig, *, step: Any = None, total_steps: Any = None,
                       tempered: bool = True) -> Array:
     """Sampling probabilities of the bins: f32[n_bins] (sums to 1).
 
-    With ``p = clip(current_step / max(1, total_steps), 0, 1)`` and ``n = n_bins``:
+    With ``p = clip(step / max(1, total_steps), 0, 1)`` and ``n = n_bins``:
 
     - ``uniform``: ``1/n`` (temperature ignored);
     - ``easy_first``: ``(1 - p) exp(-2i / max(1, n - 1)) + p/n``;
@@ -52,29 +62,35 @@ def bin_probabilities(cfg: CurriculumConfig, current_step: Any, total_steps: Any
 
     Args:
       cfg: the config (its strategy must not be ``prioritized``).
-      current_step, total_steps: training progress, finite; may be traced (a
-        traced NaN is refused by ``jaxweight.checked`` and otherwise reads as
-        progress 0).
+      step, total_steps: training progress, finite; may be traced (a traced
+        NaN is refused by ``jaxweight.checked`` and otherwise reads as
+        progress 0). Required by the strategies that move with time.
       tempered: apply the temperature.
 
     Raises:
       ValueError: for ``prioritized`` (its distribution depends on the pool;
-        use :func:`sample`), or a non-finite concrete step.
+        use :func:`sample`), a missing or non-finite concrete progress.
 
     References:
       atropos ``CurriculumScheduler``; Platanios et al. 2019 (arXiv:1903.09848).
+
+    Example::
+
+        from jaxweight import curriculum as cur
+
+        p = cur.bin_probabilities(cur.config("easy_first", 5, capacity=10), step=0, total_steps=100)
+        assert abs(float(p[0]) - 0.428656) < 1e-5      # atropos's easy_first at p = 0
     """
     if cfg.strategy == "prioritized":
         raise ValueError(
             "bin_probabilities is undefined for strategy 'prioritized' (its distribution "
             "depends on the pool); use sample"
         )
-    cs, ts = _check_progress(current_step, total_steps)
-    return _bin_probabilities_core(cfg, cs, ts, bool(tempered))
+    cs, ts = _check_progress(cfg, step, total_steps)
+    return _probabilities(cfg, cs, ts, bool(tempered))
 
 
-@partial(jax.jit, static_argnames=("tempered",))
-def _bin_probabilities_core(cfg, current_step, total_steps, tempered):
+def _probabilities(cfg, current_step, total_steps, tempered):
     n = cfg.n_bins
     i = jnp.arange(n, dtype=jnp.float32)
     p = _progress(current_step, total_steps)
@@ -99,7 +115,7 @@ def _bin_probabilities_core(cfg, current_step, total_steps, tempered):
     return w.astype(jnp.float32)
 
 
-def sample_bin(key: Any, cfg: CurriculumConfig, current_step: Any, total_steps: Any,
+def sample_bin(key: Any, cfg: CurriculumConfig, *, step: Any = None, total_steps: Any = None,
                shape: Sequence[int] = ()) -> Array:
     """Draw target bins (atropos ``sample_bin``): i32[shape], always in ``[0, n_bins)``.
 
@@ -109,13 +125,17 @@ def sample_bin(key: Any, cfg: CurriculumConfig, current_step: Any, total_steps: 
 
     Example::
 
-        bins = sample_bin(0, cfg, step, 1000, shape=(64,))
+        from jaxweight import curriculum as cur
+
+        cfg = cur.config("easy_first", 5, capacity=10)
+        bins = cur.sample_bin(0, cfg, step=10, total_steps=1000, shape=(64,))
+        assert bins.shape == (64,) and int(bins.min()) >= 0 and int(bins.max()) < 5
     """
     key = as_key(key)
     shape = tuple(shape)
     if cfg.strategy == "uniform":
         return jax.random.randint(key, shape, 0, cfg.n_bins, dtype=jnp.int32)
-    logp = jnp.log(bin_probabilities(cfg, current_step, total_steps))
+    logp = jnp.log(bin_probabilities(cfg, step=step, total_steps=total_steps))
     return jnp.clip(jax.random.categorical(key, logp, shape=shape), 0, cfg.n_bins - 1).astype(jnp.int32)
 
 
@@ -151,11 +171,9 @@ def _restrict(p: Array, nonempty: Array) -> Array:
                      jnp.where(mtot > 0, moved / jnp.where(mtot > 0, mtot, 1.0), uniform))
 
 
-def sample(state: CurriculumState, key: Any, cfg: CurriculumConfig, current_step: Any,
-           total_steps: Any, num: int, eligible: Any = None) -> Array:
+def sample(state: CurriculumState, key: Any, cfg: CurriculumConfig, *, num: int, step: Any = None,
+           total_steps: Any = None, eligible: Any = None) -> Array:
     """Draw ``num`` item ids by the curriculum: i32[num] (with replacement).
-
-    (The new spelling of ``sample_items(key, state, ...)``: state, then key.)
 
     Bin strategies: each draw picks a bin from :func:`bin_probabilities`
     restricted to bins that hold at least one eligible item (renormalised; if
@@ -181,9 +199,10 @@ def sample(state: CurriculumState, key: Any, cfg: CurriculumConfig, current_step
       state: the scheduler state.
       key: PRNG key or int seed.
       cfg: the config.
-      current_step, total_steps: training progress, finite (may be traced;
-        traced NaN is refused by ``jaxweight.checked`` and reads as 0 otherwise).
       num: number of draws (static).
+      step, total_steps: training progress, finite (may be traced; a traced
+        NaN is refused by ``jaxweight.checked`` and reads as 0 otherwise);
+        required by the strategies that move with time.
       eligible: optional bool[N]: items that may be drawn (default all).
 
     Returns:
@@ -193,23 +212,22 @@ def sample(state: CurriculumState, key: Any, cfg: CurriculumConfig, current_step
       ValueError: state and config disagree on capacity or bins, a
         non-finite concrete step, bad ``num`` / ``eligible`` / ``key``.
 
-    Example::
-
-        ids = sample(state, key, cfg, step, 10_000, num=256)
-
     References:
       Jiang et al. 2021 (arXiv:2010.03934); Platanios et al. 2019 (arXiv:1903.09848).
+
+    Example::
+
+        from jaxweight import curriculum as cur
+
+        cfg = cur.config("competence_sqrt", capacity=1000)
+        ids = cur.sample(cur.init(cfg), 0, cfg, num=256, step=10, total_steps=10_000)
+        assert ids.shape == (256,) and int(ids.min()) >= 0
     """
     _check_state(state, cfg)
     num = check_static_int(num, "num", minimum=0)
     key = as_key(key)
     elig = _eligible(eligible, cfg.capacity)
-    cs, ts = _check_progress(current_step, total_steps)
-    return _sample_core(state, key, cfg, cs, ts, num, elig)
-
-
-@partial(jax.jit, static_argnames=("num",))
-def _sample_core(state, key, cfg, current_step, total_steps, num, elig):
+    current_step, total_steps = _check_progress(cfg, step, total_steps)
     n = cfg.capacity
     if cfg.strategy == "prioritized":
         items, any_elig = _sample_prioritized(key, state, cfg, num, elig)
@@ -221,12 +239,12 @@ def _sample_core(state, key, cfg, current_step, total_steps, num, elig):
 
 def _sample_binned(key, state, cfg, current_step, total_steps, num, elig):
     n, nb = cfg.capacity, cfg.n_bins
-    b = _bin_boundaries(state, cfg)
+    b = bin_boundaries(state, cfg)
     bins = _bins_of(state.ema, state.count > 0, b, nb)
     bins = jnp.where(elig, bins, -1)
     levels = _tree(_block_counts(bins, nb))
     counts = jnp.sum(levels[-1], axis=0)
-    p = _restrict(_bin_probabilities_core(cfg, current_step, total_steps, True), counts > 0)
+    p = _restrict(_probabilities(cfg, current_step, total_steps, True), counts > 0)
     # One draw of uniforms for everything (the bin by inverse CDF, then one per
     # tree level): every separate PRNG call adds noticeably to the compile time.
     u = jax.random.uniform(key, (num, len(levels) + 2), jnp.float32)

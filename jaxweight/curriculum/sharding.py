@@ -34,8 +34,13 @@ def shard_state(state: CurriculumState, cfg: CurriculumConfig, mesh: jax.shardin
 
     Example::
 
-        mesh = jax.make_mesh((8,), ("pool",))
-        state = shard_state(init(cfg), cfg, mesh)
-        state = update_jit(state, ids, scores, cfg)    # stays sharded
+        import jax, jax.numpy as jnp
+        from jaxweight import curriculum as cur
+
+        mesh = jax.make_mesh((len(jax.devices()),), ("pool",), axis_types=(jax.sharding.AxisType.Auto,))
+        cfg = cur.config(capacity=128 * len(jax.devices()))
+        state = cur.shard_state(cur.init(cfg), cfg, mesh)
+        state = jax.jit(cur.update, donate_argnums=0)(state, jnp.arange(4), jnp.ones(4), cfg)  # stays sharded
+        assert state.ema.sharding.spec == jax.sharding.PartitionSpec("pool")
     """
     return jax.device_put(state, state_sharding(cfg, mesh, axis))

@@ -10,7 +10,7 @@ import numpy as np
 from flax import struct
 from jax import lax
 
-from .._util import check_rank, check_same_shape, concrete
+from .._util import check_rank
 from ..metrics import flatten
 from ._apply import _apply
 from ._config import CurriculumConfig, _alpha, _check_state
@@ -58,17 +58,14 @@ def init(cfg: CurriculumConfig, key: Any = None) -> CurriculumState:
 
     Example::
 
-        state = init(config(capacity=1000))
+        from jaxweight import curriculum as cur
+
+        state = cur.init(cur.config(capacity=1000))
+        assert state.ema.shape == (1000,) and int(state.total_updates) == 0
     """
     del key
     if not isinstance(cfg, CurriculumConfig):
         raise ValueError(f"cfg must be a CurriculumConfig (from curriculum.config), got {type(cfg).__name__}")
-    return _init(cfg)
-
-
-@jax.jit
-def _init(cfg):
-    # one compiled program instead of seven eager array creations (~10x less dispatch)
     n, k = cfg.capacity, cfg.n_bins
     return CurriculumState(
         ema=jnp.zeros((n,), jnp.float32),
@@ -102,16 +99,9 @@ def recompute_bins(state: CurriculumState, cfg: CurriculumConfig) -> CurriculumS
     Raises:
       ValueError: the state's capacity or bin count is not the config's.
 
-    Example::
-
-        state = recompute_bins(state, cfg)   # reproduce atropos's lazy store
+    Call it when ``has_boundaries`` is False to reproduce atropos's lazy store.
     """
     _check_state(state, cfg)
-    return _recompute_bins(state, cfg)
-
-
-@jax.jit
-def _recompute_bins(state, cfg):
     b, has = _compute_boundaries(state.ema, state.count, cfg.n_bins)
     return state.replace(boundaries=b, has_boundaries=has)
 
@@ -123,11 +113,6 @@ def bin_boundaries(state: CurriculumState, cfg: CurriculumConfig) -> Array:
     current EMAs (not stored; see :func:`recompute_bins`).
     """
     _check_state(state, cfg)
-    return _bin_boundaries(state, cfg)
-
-
-@jax.jit
-def _bin_boundaries(state, cfg):
     return lax.cond(
         state.has_boundaries,
         lambda: state.boundaries,
@@ -152,34 +137,8 @@ def _check_ids(item_ids: Any, name: str) -> Array:
     return ids.astype(jnp.int32)
 
 
-def _check_range(item_ids: Any, mask: Any, capacity: int, name: str) -> None:
-    """Raise for out-of-range ids when they (and the mask) are concrete."""
-    ids = concrete(item_ids)
-    if ids is None:
-        return
-    sel = np.ones(ids.shape, bool)
-    if mask is not None:
-        m = concrete(mask)
-        if m is None:
-            return
-        m = m.astype(bool)
-        # a [P, G] mask: a row counts if any of its entries is masked in
-        sel = np.any(m, axis=tuple(range(ids.ndim, m.ndim))) if m.ndim > ids.ndim else m
-    bad = sel & ((ids < 0) | (ids >= capacity))
-    if np.any(bad):
-        pos = np.flatnonzero(bad)[:5].tolist()
-        vals = ids.reshape(-1)[np.flatnonzero(bad)[:5]].tolist()
-        raise ValueError(
-            f"{name} must be in [0, capacity={capacity}); got {vals} at positions {pos} "
-            "(mask them out, or trace the ids under jit to have them ignored)"
-        )
-
-
-def _prepare(item_ids: Any, scores: Any, cfg: CurriculumConfig, mask: Any, check_range: bool = True):
-    """Checked ``(ids i32[B], scores f32[B] or f32[B, G], mask or None)`` of a batch.
-
-    Concrete out-of-range ids raise unless ``check_range`` is False (counting them).
-    """
+def _prepare(item_ids: Any, scores: Any, mask: Any):
+    """Checked ``(ids i32[B], scores f32[B] or f32[B, G], mask or None)`` of a batch (shapes, dtypes)."""
     ids = _check_ids(item_ids, "item_ids")
     check_rank(ids, 1, "item_ids")
     scores = _as_numbers(scores, "scores").astype(jnp.float32)
@@ -195,24 +154,22 @@ def _prepare(item_ids: Any, scores: Any, cfg: CurriculumConfig, mask: Any, check
         elif mask.shape != scores.shape:
             allowed = f"{ids.shape} or {scores.shape}" if scores.ndim == 2 else f"{scores.shape}"
             raise ValueError(f"mask must have shape {allowed} (like item_ids / scores), got {mask.shape}")
-    if check_range:
-        _check_range(item_ids, mask, cfg.capacity, "item_ids")
     return ids, scores, mask
 
 
-def update(state: CurriculumState, item_ids: Any, scores: Any, cfg: CurriculumConfig,
+def update(state: CurriculumState, item_ids: Any, scores: Any, cfg: CurriculumConfig, *,
            mask: Any = None) -> CurriculumState:
     """Apply a batch of scores, each entry one atropos ``update(key, score)``.
 
-    In a training loop use :data:`update_jit` (``jax.jit(update,
-    donate_argnums=0)``): the pool is updated in place in O(B). A plain
-    ``jax.jit(update)`` copies the whole pool every call (25 ms at 10^7 items
-    against 0.45 ms donated); inside your own jitted step, donate the state.
+    In a training loop jit it with the state donated, ``jax.jit(cur.update,
+    donate_argnums=0)``: the pool is then updated in place in O(B); without
+    donation every call copies the whole pool.
 
     An entry is applied iff ``mask`` holds, its score is finite and
     ``0 <= id < N``; others are skipped and add no count (count them with
-    :func:`batch_stats`, or use :func:`step`, which reports them). Applied
-    entries go in array order (duplicate ids see the earlier entries' result)::
+    :func:`batch_stats`, or use :func:`~jaxweight.curriculum.step`, which
+    reports them). Applied entries go in array order (duplicate ids see the
+    earlier entries' result)::
 
         untracked: ema = score;                   count = 1
         tracked:   ema = a*score + (1 - a)*ema;   count += 1
@@ -221,7 +178,9 @@ def update(state: CurriculumState, item_ids: Any, scores: Any, cfg: CurriculumCo
     Then, once after the batch, if an entry was applied and ``total_updates -
     last_rebin_count >= rebin_interval``, the boundaries are recomputed and
     ``last_rebin_count = total_updates``. A batch with no valid entry leaves
-    the state exactly unchanged. B = 1 is atropos exactly (in float32).
+    the state exactly unchanged. B = 1 is atropos exactly (in float32); a run
+    of duplicate ids equals the sequential updates up to float32 rounding (which
+    may differ by an ulp between eager and jitted calls: XLA fuses multiply-adds).
 
     Args:
       state: the scheduler state.
@@ -234,20 +193,25 @@ def update(state: CurriculumState, item_ids: Any, scores: Any, cfg: CurriculumCo
       The new state.
 
     Raises:
-      ValueError: wrong ranks/shapes, non-integer ids, a state whose
-        capacity or bin count is not the config's, or concrete out-of-range
-        ids (traced ones, e.g. in :data:`update_jit`, are skipped instead).
+      ValueError: wrong ranks/shapes, non-integer ids, or a state whose
+        capacity or bin count is not the config's.
 
     Example::
 
-        state = update_jit(state, jnp.array([3, 7, 3]), jnp.array([1.0, 0.0, 0.5]), cfg)
+        import jax, jax.numpy as jnp
+        from jaxweight import curriculum as cur
+
+        cfg = cur.config(capacity=100)
+        update = jax.jit(cur.update, donate_argnums=0)    # the pool is updated in place
+        state = update(cur.init(cfg), jnp.array([3, 7, 3]), jnp.array([1.0, 0.0, 0.5]), cfg)
+        assert int(state.count[3]) == 2 and int(state.total_updates) == 3
     """
     _check_state(state, cfg)
-    ids, scores, mask = _prepare(item_ids, scores, cfg, mask)
+    ids, scores, mask = _prepare(item_ids, scores, mask)
     if scores.ndim != 1:
         raise ValueError(f"scores must have rank 1 like item_ids (shape {ids.shape}), got shape "
                          f"{scores.shape}; use update_groups for [P, G] group scores")
-    return _update_core(state, ids, scores, cfg, mask)
+    return _apply_and_rebin(state, ids, scores, _valid_entries(ids, scores, cfg, mask), cfg)
 
 
 def _valid_entries(ids, scores, cfg, mask):
@@ -282,18 +246,11 @@ def _apply_and_rebin(state, ids, scores, valid, cfg):
     )
 
 
-@jax.jit
-def _update_core(state, ids, scores, cfg, mask):
-    # Jitted even when called eagerly: one compilation per shape instead of
-    # dispatching the selection op by op.
-    return _apply_and_rebin(state, ids, scores, _valid_entries(ids, scores, cfg, mask), cfg)
-
-
-def update_groups(state: CurriculumState, item_ids: Any, scores: Any, cfg: CurriculumConfig,
+def update_groups(state: CurriculumState, item_ids: Any, scores: Any, cfg: CurriculumConfig, *,
                   mask: Any = None) -> CurriculumState:
     """atropos ``update_batch``: each row is one update with the mean of its valid scores.
 
-    Donated path: :data:`update_groups_jit` (see :func:`update`).
+    Jit it with the state donated, as :func:`update`.
 
     Args:
       state: the scheduler state.
@@ -309,32 +266,19 @@ def update_groups(state: CurriculumState, item_ids: Any, scores: Any, cfg: Curri
 
     Example::
 
-        state = update_groups(state, jnp.array([5]), jnp.array([[1.0, 0.0, 0.0, 1.0]]), cfg)
-        # ema[5] == 0.5, count[5] == 1
+        import jax.numpy as jnp
+        from jaxweight import curriculum as cur
+
+        cfg = cur.config(capacity=10)
+        state = cur.update_groups(cur.init(cfg), jnp.array([5]), jnp.array([[1.0, 0.0, 0.0, 1.0]]), cfg)
+        assert float(state.ema[5]) == 0.5 and int(state.count[5]) == 1
     """
     _check_state(state, cfg)
-    ids, scores, mask = _prepare(item_ids, scores, cfg, mask)
+    ids, scores, mask = _prepare(item_ids, scores, mask)
     if scores.ndim != 2:
         raise ValueError(f"scores must have shape ({ids.shape[0]}, G), got {scores.shape}")
-    return _update_groups_core(state, ids, scores, cfg, mask)
-
-
-@jax.jit
-def _update_groups_core(state, ids, scores, cfg, mask):
     mean, valid = _group_rows(ids, scores, cfg, mask)
     return _apply_and_rebin(state, ids, mean, valid, cfg)
-
-
-update_jit = jax.jit(update, donate_argnums=0)
-"""``jax.jit(update, donate_argnums=0)``: THE way to call :func:`update` in a loop.
-
-Updates the pool in place (O(B) per call). The state passed in is consumed:
-use only the returned one. Ids are traced here, so out-of-range ids are
-skipped rather than raised (count them with :func:`batch_stats`).
-"""
-
-update_groups_jit = jax.jit(update_groups, donate_argnums=0)
-"""``jax.jit(update_groups, donate_argnums=0)`` (see :data:`update_jit`)."""
 
 
 @struct.dataclass
@@ -360,21 +304,18 @@ class UpdateStats:
         return flatten(self, "curriculum")
 
 
-def batch_stats(item_ids: Any, scores: Any, cfg: CurriculumConfig, mask: Any = None) -> UpdateStats:
+def batch_stats(item_ids: Any, scores: Any, cfg: CurriculumConfig, *, mask: Any = None) -> UpdateStats:
     """Count what :func:`update` (f32[B] scores) or :func:`update_groups` (f32[P, G]) would apply.
-
-    Jittable; out-of-range ids are counted, never raised.
 
     Example::
 
-        stats = batch_stats(ids, scores, cfg)     # stats.n_invalid: NaN scores + bad ids
+        import jax.numpy as jnp
+        from jaxweight import curriculum as cur
+
+        stats = cur.batch_stats(jnp.array([0, 1, 99]), jnp.array([1.0, jnp.nan, 0.5]), cur.config(capacity=10))
+        assert int(stats.n_applied) == 1 and int(stats.n_invalid) == 2
     """
-    ids, scores, mask = _prepare(item_ids, scores, cfg, mask, check_range=False)
-    return _batch_stats(ids, scores, cfg, mask)
-
-
-@jax.jit
-def _batch_stats(ids, scores, cfg, mask):
+    ids, scores, mask = _prepare(item_ids, scores, mask)
     m = jnp.ones(scores.shape, bool) if mask is None else mask
     nonfinite = jnp.sum(m & ~jnp.isfinite(scores), dtype=jnp.int32)
     row_in = m if scores.ndim == 1 else jnp.any(m, axis=1)
@@ -403,11 +344,7 @@ def difficulty(state: CurriculumState, item_ids: Any) -> tuple[Array, Array]:
     Returns:
       ``(ema f32[...], tracked bool[...])``; ``ema`` is NaN where not tracked.
     """
-    return _difficulty_core(state, _check_ids(item_ids, "item_ids"))
-
-
-@jax.jit
-def _difficulty_core(state, ids):
+    ids = _check_ids(item_ids, "item_ids")
     n = state.ema.shape[-1]
     inr = (ids >= 0) & (ids < n)
     safe = jnp.where(inr, ids, 0)
@@ -424,16 +361,15 @@ def item_bin(state: CurriculumState, item_ids: Any, cfg: CurriculumConfig) -> Ar
 
     Example::
 
-        bins = item_bin(state, jnp.arange(10), cfg)
+        import jax.numpy as jnp
+        from jaxweight import curriculum as cur
+
+        cfg = cur.config(capacity=3)
+        state = cur.update(cur.init(cfg), jnp.arange(3), jnp.array([0.9, 0.5, 0.1]), cfg)
+        assert cur.item_bin(state, jnp.arange(3), cfg).tolist() == [0, 3, 4]
     """
-    _check_state(state, cfg)
-    return _item_bin_core(state, _check_ids(item_ids, "item_ids"), cfg)
-
-
-@jax.jit
-def _item_bin_core(state, ids, cfg):
-    ema, tracked = _difficulty_core(state, ids)
-    b = _bin_boundaries(state, cfg)
+    ema, tracked = difficulty(state, item_ids)
+    b = bin_boundaries(state, cfg)
     return _bins_of(jnp.where(tracked, ema, 0.0), tracked, b, cfg.n_bins)
 
 
@@ -448,11 +384,6 @@ def metrics(state: CurriculumState, cfg: CurriculumConfig) -> dict[str, Array]:
       *stored* bin; 0 without stored boundaries) and ``has_boundaries`` bool[].
     """
     _check_state(state, cfg)
-    return _metrics(state, cfg)
-
-
-@jax.jit
-def _metrics(state, cfg):
     tracked = state.count > 0
     n = jnp.sum(tracked, dtype=jnp.int32)
     any_ = n > 0

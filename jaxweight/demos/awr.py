@@ -245,9 +245,9 @@ def run_seed(seed: int, sizes: dict, cfg: rw.RandomWeightingConfig, *, temperatu
     rows_a = lw.reshape(-1, len(COMPONENTS))
     rows_adv = jnp.broadcast_to(adv[:, :, None], (n, G, STEPS)).reshape(-1)
     t0 = time.perf_counter()
+    fit_cfg = awr.config(len(COMPONENTS), temperature=temperature, learning_rate=3e-3, mean_bounds=(-3.0, 3.0))
     params, metrics = awr.fit_weight_policy(
-        k_fit, rows_x, rows_a, rows_adv, temperature=temperature, num_epochs=sizes["epochs"],
-        batch_size=512, learning_rate=3e-3, mean_bounds=(-3.0, 3.0),
+        k_fit, rows_x, rows_a, rows_adv, fit_cfg, num_epochs=sizes["epochs"], batch_size=512,
         callback=_progress_callback(sizes["epochs"], f"AWR fit (seed {seed})" if progress else "", writer, seed))
     loss = np.asarray(metrics["loss"])
     log(f"  [seed {seed}] AWR fit on {rows_x.shape[0]} rows, {sizes['epochs']} epochs in "

@@ -58,7 +58,7 @@ def simulate(key, strategy: str, difficulty, *, steps: int, batch: int, group: i
     def body(carry, t):
         state, theta, key = carry
         key, k_items, k_fresh, k_mix, k_try = jax.random.split(key, 5)
-        ids = cur.sample(state, k_items, cfg, t, steps, batch)
+        ids = cur.sample(state, k_items, cfg, step=t, total_steps=steps, num=batch)
         if strategy == "prioritized":
             new = jax.random.randint(k_fresh, (batch,), 0, n, dtype=jnp.int32)
             ids = jnp.where(jax.random.bernoulli(k_mix, fresh, (batch,)), new, ids)

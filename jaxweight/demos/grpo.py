@@ -7,7 +7,7 @@ The task: ``P`` prompts, each with ``K`` candidate answers of which a few are
 correct (reward 1; some wrong ones get partial credit). The policy is a
 softmax over the candidates of each prompt (one logit table), initialised at
 a reference policy that rarely picks a correct answer. Every step samples
-``G`` answers per prompt and calls :func:`jaxweight.maxent.maxent_step` once,
+``G`` answers per prompt and calls :func:`jaxweight.maxent.step` once,
 which returns both the GRPO advantages and the MaxEnt weights (with the tau
 controller steering the weight entropy to a target and the KL controller
 steering beta). Two runs share the samples' random keys:
@@ -60,7 +60,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxweight import controllers as ctl
 from jaxweight import maxent as M
 from jaxweight.checkpoint import save_bytes
 from jaxweight.demos import _common as C
@@ -137,16 +136,16 @@ def make_train(cfg: DemoConfig, task: dict[str, jax.Array]):
     g = cfg.generations
     opt = optax.adam(cfg.learning_rate)
     target = cfg.target_frac * float(np.log(g))
-    ctrl_cfg = ctl.config(
-        cfg.tau0, cfg.beta0,
-        schedule=ctl.TauSchedule(target_entropy=target, learning_rate=0.5, minimum_value=0.005,
+    ctrl_cfg = M.config(
+        cfg.tau0, cfg.beta0, q_temperature=0.5, normalize_by_tokens=False,
+        schedule=M.TauSchedule(target_entropy=target, learning_rate=0.5, minimum_value=0.005,
                                maximum_value=20.0, warmup_steps=0),
-        kl=ctl.KLController(target=0.5, horizon=20, step_size=0.2))
+        kl=M.KLController(target=0.5, horizon=20, step_size=0.2))
     rows = jnp.arange(cfg.prompts)[:, None]
 
     def init(is_maxent):
         params = task["ref_logits"]
-        return params, opt.init(params), ctl.init(ctrl_cfg), jnp.int32(0)
+        return params, opt.init(params), M.init(ctrl_cfg), jnp.int32(0)
 
     def step(carry, key, is_maxent):
         params, opt_state, ctrl, t = carry
@@ -159,9 +158,8 @@ def make_train(cfg: DemoConfig, task: dict[str, jax.Array]):
         # each candidate is one "sequence": its reference log-prob is already per answer
         ref_lp = jax.nn.log_softmax(task["ref_logits"])[rows, actions]
         _, kl, _ = _policy_stats(params, task)
-        out = M.maxent_step(ctrl, rewards, ref_lp, tok, None, run_cfg, global_step=t,
-                            measured_kl=jnp.where(is_maxent, kl, jnp.nan),
-                            q_temperature=0.5, normalize_by_tokens=False)
+        new_ctrl, out = M.step(ctrl, rewards, ref_lp, run_cfg, token_counts=tok, global_step=t,
+                               measured_kl=jnp.where(is_maxent, kl, jnp.nan))
         w = jax.lax.stop_gradient(out.weights)
         adv = jax.lax.stop_gradient(out.advantages)
 
@@ -177,9 +175,9 @@ def make_train(cfg: DemoConfig, task: dict[str, jax.Array]):
         params = optax.apply_updates(params, updates)
         success, kl, div = _policy_stats(params, task)
         metrics = {"reward": jnp.mean(rewards), "success": success, "entropy": out.entropy.mean,
-                   "entropy_ema": out.state.entropy_ema,
+                   "entropy_ema": new_ctrl.entropy_ema,
                    "tau": ctrl.tau, "beta": ctrl.beta, "kl": kl, "diversity": div, "ess": out.ess_mean}
-        return (params, opt_state, out.state, t + 1), metrics
+        return (params, opt_state, new_ctrl, t + 1), metrics
 
     def chunk(carry, keys, is_maxent):
         return jax.lax.scan(lambda c, k: step(c, k, is_maxent), carry, keys)

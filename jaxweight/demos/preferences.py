@@ -141,8 +141,9 @@ def build(s: Settings) -> PreferenceComparisons:
       ValueError: settings the loop refuses (e.g. fragments longer than the episodes).
     """
     from jaxweight.preference.envs import make_env, reward_net
-    from jaxweight.preference.generators import AgentGenerator, PPOConfig, PPOHParams
-    from jaxweight.preference.loop import PreferenceComparisons
+    from jaxweight.preference.driver import PreferenceComparisons
+    from jaxweight.preference.generators import AgentGenerator
+    from jaxweight.preference.ppo import PPOConfig, PPOHParams
 
     env, env_params = make_env(s.env)
     net = reward_net(env, env_params)
@@ -165,7 +166,7 @@ def build(s: Settings) -> PreferenceComparisons:
 
 # ---------------------------------------------------------------- evaluation
 def _heldout(pc, s: Settings):
-    from jaxweight.preference.loop import preference_accuracy, reward_correlation
+    from jaxweight.preference.evaluation import preference_accuracy, reward_correlation
 
     gen = pc.generator
     explore = gen.replace(exploration_frac=1.0)
@@ -327,7 +328,7 @@ def _json_ready(x: Any) -> Any:
 # ---------------------------------------------------------------- run
 def _checkpoint_status(ckpt_dir: Path, resume: bool, num_rounds: int) -> str:
     """One line saying whether the run resumes a checkpoint, starts afresh over one, or starts anew."""
-    from jaxweight.preference.loop import CHECKPOINT_NAME
+    from jaxweight.preference.driver import CHECKPOINT_NAME
 
     path = Path(ckpt_dir) / CHECKPOINT_NAME
     if not path.exists():
@@ -388,7 +389,7 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
     log(f"[preferences] compiled the loop in {timer['compile']:.1f} s")
     bar = None
     if progress:
-        from jaxweight.preference.loop import tqdm_progress
+        from jaxweight.preference.driver import tqdm_progress
 
         bar = tqdm_progress()
     writer = None

@@ -3,13 +3,14 @@
 - ``jaxweight.interop.atropos``      atropos ``CurriculumScheduler`` JSON state <-> curriculum state
 - ``jaxweight.interop.maxent_grpo``  maxent_grpo controller JSON <-> controller state
 - ``jaxweight.interop.imitation``    imitation trajectories / reward nets <-> jaxweight (optional torch)
+- ``jaxweight.interop.tunix``        tunix (``google-tunix``) estimators, policy loss, prompt curriculum, learner
 
 Submodules are imported on first use; none of them imports an optional package at import time.
 """
 
 import importlib
 
-_SUBMODULES = ("atropos", "maxent_grpo", "imitation")
+_SUBMODULES = ("atropos", "maxent_grpo", "imitation", "tunix")
 __all__ = list(_SUBMODULES)
 
 

@@ -1,7 +1,7 @@
 """atropos ``CurriculumScheduler`` JSON state <-> :mod:`jaxweight.curriculum` state.
 
 atropos keys items by strings and saves ``state_dict()`` as JSON;
-:class:`KeyIndex` maps those keys to pool ids on the host, :func:`state_dict`
+:class:`jaxweight.curriculum.KeyIndex` maps those keys to pool ids on the host, :func:`state_dict`
 writes atropos's layout (plus a ``jaxweight`` block with what atropos does not
 keep), :func:`load_state_dict` reads plain atropos dicts as well as ours.
 Files are written atomically (temp file + rename); no pickle. Every malformed
@@ -11,12 +11,16 @@ the wrong type) raises :class:`jaxweight._util.StateFileError` (a
 
 Example::
 
+    import jax.numpy as jnp
+    from jaxweight import curriculum as cur
     from jaxweight.interop import atropos
 
-    keys = atropos.KeyIndex(capacity=100_000)
-    state = cur.update_jit(state, keys.ids(["q17", "q3"]), rewards, cfg)
-    atropos.save_json("curriculum.json", state, cfg, keys)
-    cfg, state, keys = atropos.load_json("curriculum.json", capacity=100_000)
+    cfg = cur.config("easy_first", capacity=100)
+    keys = cur.KeyIndex(capacity=100)
+    state = cur.update(cur.init(cfg), keys.ids(["q17", "q3"]), jnp.array([1.0, 0.5]), cfg)
+    d = atropos.state_dict(state, cfg, keys)     # atropos's layout, JSON-ready
+    cfg2, state2, keys2 = atropos.load_state_dict(d, capacity=100)
+    assert d["item_scores"] == {"q17": [1.0, 1], "q3": [0.5, 1]} and keys2.keys() == ["q17", "q3"]
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,75 +37,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._util import StateFileError, atomic_write_json, check_static_int
-from ..curriculum import CurriculumConfig, CurriculumState, config
+from ..curriculum import CurriculumConfig, CurriculumState, KeyIndex, config
 from ..curriculum._config import _check_strategy
 
-__all__ = ["KeyIndex", "state_dict", "load_state_dict", "save_json", "load_json"]
-
-
-# ================================================================ string keys
-class KeyIndex:
-    """Host map between string item keys and pool ids, in first-seen order.
-
-    Example::
-
-        keys = KeyIndex(capacity=1000)
-        ids = keys.ids(["q17", "q3", "q17"])      # array([0, 1, 0], dtype=int32)
-        keys.ids(["new"], add=False)              # array([-1], dtype=int32)
-        keys.key(1)                               # 'q3'
-    """
-
-    def __init__(self, capacity: int, keys: Iterable[str] = ()):
-        self.capacity = check_static_int(capacity, "capacity", minimum=1)
-        self._ids: dict[str, int] = {}
-        self._keys: list[str] = []
-        keys = list(keys)
-        if keys:
-            self.ids(keys, add=True)
-
-    def ids(self, keys: str | Sequence[Any], add: bool = True) -> np.ndarray:
-        """Ids of ``keys`` (a str or a nested sequence of str): np.int32 of the same shape.
-
-        Unknown keys are added (``add=True``) or give -1.
-
-        Raises:
-          ValueError: a key is not a str, or adding would exceed the capacity
-            (``"KeyIndex is full (capacity N)"``; nothing is added then).
-        """
-        arr = np.asarray(keys, dtype=object)
-        flat = arr.reshape(-1).tolist()
-        for k in flat:
-            if not isinstance(k, str):
-                raise ValueError(f"keys must be str, got {type(k).__name__} {k!r}")
-        if add:
-            new = list(dict.fromkeys(k for k in flat if k not in self._ids))
-            if len(self._keys) + len(new) > self.capacity:
-                raise ValueError(f"KeyIndex is full (capacity {self.capacity})")
-            for k in new:
-                self._ids[k] = len(self._keys)
-                self._keys.append(k)
-        out = np.fromiter((self._ids.get(k, -1) for k in flat), dtype=np.int32, count=len(flat))
-        return out.reshape(arr.shape)
-
-    def key(self, item_id: int) -> str:
-        """The key of an id (``IndexError`` if unknown)."""
-        i = int(item_id)
-        if not 0 <= i < len(self._keys):
-            raise IndexError(f"id {i} has no key (index holds {len(self._keys)} keys)")
-        return self._keys[i]
-
-    def keys(self) -> list[str]:
-        """All keys in id order."""
-        return list(self._keys)
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-    def __contains__(self, k: object) -> bool:
-        return k in self._ids
-
-    def __repr__(self) -> str:
-        return f"KeyIndex(capacity={self.capacity}, size={len(self)})"
+__all__ = ["state_dict", "load_state_dict", "save_json", "load_json"]
 
 
 # ================================================================ persistence

@@ -1,29 +1,26 @@
 """imitation (HumanCompatibleAI) <-> jaxweight: trajectories, fragment pairs and reward-net weights.
 
-Both ways, optional imports only:
-
-- imitation -> jaxweight: :func:`trajectories_from_imitation`, :func:`fragment_pairs_from_imitation`
-  read imitation's ``TrajectoryWithRew`` objects by attribute (``obs``, ``acts``, ``rews``,
-  ``terminal``); imitation need not be installed.
-- jaxweight -> imitation: :func:`trajectories_to_imitation`, :func:`fragment_pairs_to_imitation`
-  build ``imitation.data.types.TrajectoryWithRew`` objects (needs imitation).
-- reward-net weights: :func:`reward_params_to_state_dict` / :func:`reward_params_from_state_dict`
-  map the flax parameters of :class:`jaxweight.preference.RewardMLP` (``dense0``, ``dense1``, ...,
-  ``dense_final``; kernels ``[in, out]``) to the ``state_dict`` of imitation's ``BasicRewardNet``
-  (``mlp.dense0.weight`` ``[out, in]``, ``mlp.dense0.bias``, ..., ``mlp.dense_final.*``; the MLP built
-  by ``imitation.util.networks.build_mlp``) and back. Ensemble parameters (a leading member axis,
-  as made by ``jaxweight.preference.ensemble_init``) map to a ``RewardEnsemble``'s
-  ``members.{k}.mlp.*`` keys. Tensors need torch; ``as_numpy=True`` gives NumPy arrays without it.
-
-Both nets concatenate the flattened ``state``, ``action`` (one-hot for discrete spaces),
-``next_state`` and ``done`` inputs in that order, so equal weights give equal rewards.
+Both ways, optional imports only: :func:`trajectories_from_imitation` /
+:func:`fragment_pairs_from_imitation` read ``TrajectoryWithRew`` objects by
+attribute (imitation need not be installed); :func:`trajectories_to_imitation` /
+:func:`fragment_pairs_to_imitation` build them (needs imitation);
+:func:`reward_params_to_state_dict` / :func:`reward_params_from_state_dict` map
+:class:`~jaxweight.preference.RewardMLP` params (kernels ``[in, out]``) to a
+``BasicRewardNet`` ``state_dict`` (``mlp.dense0.weight`` ``[out, in]``, ...;
+ensembles to ``members.{k}.mlp.*``) and back. Both nets concatenate state,
+action (one-hot), next state and done in that order: equal weights, equal rewards.
 
 Example::
 
+    import jax, numpy as np
     from jaxweight.interop import imitation as imx
-    sd = imx.reward_params_to_state_dict(params)            # {"mlp.dense0.weight": tensor, ...}
-    net = BasicRewardNet(obs_space, act_space); net.load_state_dict(sd)
-    params2 = imx.reward_params_from_state_dict(net.state_dict())
+    from jaxweight.preference import Box, Discrete, RewardMLP, example_inputs, fragment_pairs_from_arrays
+    net = RewardMLP(hidden_sizes=(4,), observation_space=Box((3,)), action_space=Discrete(2))
+    pairs = fragment_pairs_from_arrays(np.zeros((1, 2, 3, 3)), np.zeros((1, 2, 2), np.int32))
+    params = net.init(jax.random.key(0), *example_inputs(pairs))
+    sd = imx.reward_params_to_state_dict(params, as_numpy=True)   # BasicRewardNet.load_state_dict(sd)
+    assert sd["mlp.dense0.weight"].shape == (4, 5)                 # [out, in]: 3 obs + 2 one-hot actions
+    back = imx.reward_params_from_state_dict(sd)
 """
 
 from __future__ import annotations

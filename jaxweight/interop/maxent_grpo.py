@@ -1,4 +1,4 @@
-"""maxent_grpo's ``controller_state.json`` <-> :class:`jaxweight.controllers.ControllerState`.
+"""maxent_grpo's ``controller_state.json`` <-> :class:`jaxweight.maxent.ControllerState`.
 
 The layout maxent_grpo writes and reads::
 
@@ -9,11 +9,15 @@ The layout maxent_grpo writes and reads::
 
 Example::
 
-    from jaxweight import controllers as C
+    import tempfile, os
+    from jaxweight import maxent
     from jaxweight.interop import maxent_grpo
 
-    maxent_grpo.save_controller_state("run/controller_state.json", state, cfg.meta)
-    state = maxent_grpo.load_controller_state("run/controller_state.json")
+    cfg = maxent.config(tau=0.3, beta=0.04)
+    path = os.path.join(tempfile.mkdtemp(), "controller_state.json")
+    maxent_grpo.save_controller_state(path, maxent.init(cfg), cfg.meta)
+    state = maxent_grpo.load_controller_state(path)
+    assert abs(float(state.denom) - 0.34) < 1e-6       # maxent_grpo's loader rule: tau + beta
 
 References:
   maxent-grpo, ``maxent_grpo.training.weighting`` (``controller_state.json``),
@@ -32,7 +36,7 @@ import jax
 import numpy as np
 
 from .._util import StateFileError, atomic_write_json
-from ..controllers import ControllerConfig, ControllerState, MetaController, init_controller
+from ..maxent import ControllerState, MaxEntConfig, MetaController, config, init
 
 __all__ = [
     "CONTROLLER_STATE_FILENAME",
@@ -61,12 +65,12 @@ class ControllerFile(NamedTuple):
 def _meta_of(meta: Any) -> MetaController | None:
     if meta is None or isinstance(meta, MetaController):
         return meta
-    if isinstance(meta, ControllerConfig):
+    if isinstance(meta, MaxEntConfig):
         return meta.meta
-    raise ValueError(f"meta must be a MetaController or ControllerConfig, got {type(meta).__name__}")
+    raise ValueError(f"meta must be a MetaController or MaxEntConfig, got {type(meta).__name__}")
 
 
-def meta_to_payload(meta: MetaController | ControllerConfig, state: ControllerState | None = None) -> dict[str, Any]:
+def meta_to_payload(meta: MetaController | MaxEntConfig, state: ControllerState | None = None) -> dict[str, Any]:
     """maxent_grpo's ``meta.controller`` payload (host only).
 
     ``last_*_grad`` come from ``state`` when given. ``tau_min`` / ``tau_max``
@@ -100,7 +104,7 @@ def meta_from_payload(payload: Any, base: MetaController | None = None) -> MetaC
 
     Mirrors maxent_grpo's lenient ``apply_state``: fields that are missing or
     do not parse are left as they are; negative rates / bounds are ignored
-    the same way (they would be refused by :func:`jaxweight.controllers.config`).
+    the same way (they would be refused by :func:`jaxweight.maxent.config`).
     """
     out = base if base is not None else MetaController()
     if not isinstance(payload, dict):
@@ -128,14 +132,14 @@ def meta_from_payload(payload: Any, base: MetaController | None = None) -> MetaC
                 pass
     if "use_hessian" in payload:
         kw["use_hessian"] = bool(payload["use_hessian"])
-    out = out.replace(**kw)
-    # a file with reversed tau bounds: drop the cap rather than build a config that would be refused
-    if float(out.tau_max) > 0 and float(out.tau_min) > float(out.tau_max):
-        out = out.replace(tau_max=0.0)
-    return out
+    # a file with reversed tau bounds: drop the cap rather than build settings that would be refused
+    tmin, tmax = float(kw.get("tau_min", out.tau_min)), float(kw.get("tau_max", out.tau_max))
+    if tmax > 0 and tmin > tmax:
+        kw["tau_max"] = 0.0
+    return out.replace(**kw)
 
 
-def controller_state_dict(state: ControllerState, meta: MetaController | ControllerConfig | None = None) -> dict:
+def controller_state_dict(state: ControllerState, meta: MetaController | MaxEntConfig | None = None) -> dict:
     """maxent_grpo's ``controller_state.json`` payload (host only).
 
     Returns:
@@ -164,7 +168,7 @@ def controller_state_dict(state: ControllerState, meta: MetaController | Control
 
 
 def save_controller_state(
-    path: str | os.PathLike, state: ControllerState, meta: MetaController | ControllerConfig | None = None
+    path: str | os.PathLike, state: ControllerState, meta: MetaController | MaxEntConfig | None = None
 ) -> Path:
     """Write :func:`controller_state_dict` as JSON, atomically.
 
@@ -222,7 +226,7 @@ def state_from_dict(payload: Any, source: str = "controller state") -> Controlle
     meta = meta_from_payload(ctrl)
 
     f32 = np.float32
-    state = init_controller(tau, beta, denom).replace(
+    state = init(config(tau, beta, denom=denom)).replace(
         log_tau=jax.numpy.asarray(f32(tau_log)),
         entropy_ema=jax.numpy.asarray(f32(ema)),
         last_tau_grad=jax.numpy.asarray(f32(meta.last_tau_grad)),
@@ -262,7 +266,7 @@ def load_controller_file(path: str | os.PathLike) -> ControllerFile:
 
 
 def load_controller_state(path: str | os.PathLike) -> ControllerState:
-    """The :class:`~jaxweight.controllers.ControllerState` of a ``controller_state.json``.
+    """The :class:`~jaxweight.maxent.ControllerState` of a ``controller_state.json``.
 
     Same rules and errors as :func:`load_controller_file` (which also returns
     the meta-controller settings).

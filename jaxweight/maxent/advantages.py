@@ -211,7 +211,11 @@ def group_advantages(
 
     Example::
 
-        group_advantages(jnp.array([[1., 0., 0., 1.]]))   # [[0.866, -0.866, -0.866, 0.866]]
+        import jax.numpy as jnp
+        from jaxweight import maxent
+
+        a = maxent.group_advantages(jnp.array([[1., 0., 0., 1.]]))   # [[0.866, -0.866, -0.866, 0.866]]
+        assert abs(float(a[0, 0]) - 0.8659) < 1e-3
     """
     ddof = check_modes(scale, baseline, ddof)
     check_value(eps, "eps", ge=0.0)

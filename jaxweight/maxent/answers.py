@@ -6,7 +6,7 @@
   braces balance, stripped; a box nested inside another box's payload is part
   of that payload (``\\boxed{a \\boxed{b}}`` gives ``a \\boxed{b}``);
 - the brace-less forms ``\\boxed 12`` / ``\\fbox 3`` (payload: the next token,
-  up to white space or ``$``);
+  up to white space, ``$`` or one of ``,;.!?``: ``\\boxed 12, done`` gives ``12``);
 - an empty payload (``\\boxed{}``, ``\\boxed{ }``) is no answer: the last
   non-empty box wins;
 - else the first non-empty ``<answer>...</answer>`` (case-insensitive, across
@@ -27,7 +27,7 @@ __all__ = ["NO_ANSWER", "extract_answer", "cluster_ids"]
 NO_ANSWER = "NO_ANSWER_FOUND"
 
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
-_BARE = re.compile(r"\s+([^\s${}]+)")
+_BARE = re.compile(r"\s+([^\s${},;.!?]+)")
 _ANSWER = re.compile(r"(?si)<answer>\s*(.*?)\s*</answer>")
 
 
@@ -86,9 +86,11 @@ def extract_answer(text: str | None) -> str:
 
     Example::
 
-        extract_answer(r"so \\boxed{\\frac{1}{2}}")   # '\\frac{1}{2}'
-        extract_answer(r"\\boxed 12")                   # '12'
-        extract_answer(r"\\boxed{}")                    # 'NO_ANSWER_FOUND'
+        from jaxweight import maxent
+
+        assert maxent.extract_answer(r"so \\boxed{\\frac{1}{2}}") == r"\\frac{1}{2}"
+        assert maxent.extract_answer(r"\\boxed 12, done") == "12"
+        assert maxent.extract_answer(r"\\boxed{}") == "NO_ANSWER_FOUND"
     """
     if not text:
         return NO_ANSWER
@@ -116,7 +118,9 @@ def cluster_ids(answers: Sequence[Sequence[str]]) -> np.ndarray:
 
     Example::
 
-        cluster_ids([["4", "5", "4", "NO_ANSWER_FOUND"]])   # [[0, 1, 0, 2]]
+        from jaxweight import maxent
+
+        assert maxent.cluster_ids([["4", "5", "4", "NO_ANSWER_FOUND"]]).tolist() == [[0, 1, 0, 2]]
     """
     rows = []
     for group in answers:

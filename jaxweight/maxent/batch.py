@@ -31,7 +31,10 @@ def pad_groups(groups: Sequence[Sequence[float]], fill: float = np.nan) -> tuple
 
     Example::
 
-        u, mask = pad_groups([[1.0, 0.0, 1.0], [0.5]])   # u.shape == (2, 3)
+        from jaxweight import maxent
+
+        u, mask = maxent.pad_groups([[1.0, 0.0, 1.0], [0.5]])
+        assert u.shape == (2, 3) and mask.sum() == 4
     """
     mask = _pad([[True] * len(g) for g in groups], False, bool)
     vals = _pad([list(g) for g in groups], fill, np.float32)

@@ -1,5 +1,15 @@
 """SEED-GRPO: semantic entropy of each group and the advantage scale it gives.
 
+Example::
+
+    import jax.numpy as jnp
+    from jaxweight import maxent
+
+    ids = jnp.array([[0, 1, 0, 2]])                   # maxent.cluster_ids of the extracted answers
+    h = maxent.semantic_entropy(ids, jnp.array([[-0.5, -2.0, -0.5, -2.0]]))
+    scale = maxent.seed_grpo_scale(h, 0.0417, num_generations=4)
+    assert abs(float(h[0]) - 0.6015) < 1e-3 and abs(float(scale[0]) - 0.9822) < 1e-3
+
 References:
   Chen et al., "SEED-GRPO: Semantic Entropy Enhanced GRPO for Uncertainty-Aware
   Policy Optimization", arXiv:2505.12346.

@@ -45,29 +45,34 @@ def q_distribution(
 ) -> Array:
     """Listwise target ``q``: a smoothed softmax of each group's utilities.
 
-    ``p = softmax(u / temperature)`` over the valid entries (max-subtracted, so
-    ``3e38`` never overflows); ``e = clip(epsilon, 0, 1/n - 1e-8)``;
+    ``p = softmax(u / max(temperature, 1e-8))`` over the valid entries (max-subtracted,
+    so ``3e38`` never overflows; temperature 0 is the hard limit, maxent_grpo's rule);
+    ``e = clip(epsilon, 0, 1/n - 1e-8)``;
     ``q = p * (1 - e*n) + e``. The cap on ``e`` keeps the order of ``q`` the
     order of ``u`` (at the cap the row is nearly uniform).
 
     Args:
       utilities: f32[P, G] rewards (after zero-truncation; never advantages).
       mask: bool[P, G] or None; non-finite utilities count as masked.
-      temperature: f32[] > 0 softmax temperature (traceable).
+      temperature: f32[] >= 0 softmax temperature (traceable).
       epsilon: f32[] >= 0 smoothing floor.
 
     Returns:
       f32[P, G], each non-empty row a distribution over its valid entries.
 
     Raises:
-      ValueError: ``temperature <= 0`` or NaN, ``epsilon < 0`` or NaN (eagerly,
+      ValueError: ``temperature < 0`` or NaN, ``epsilon < 0`` or NaN (eagerly,
         or through ``jaxweight.checked`` when traced), wrong rank or shape.
 
     Example::
 
-        q_distribution(jnp.array([[.5, 1., 2.]]), temperature=0.5)   # [[.042, .114, .844]]
+        import jax.numpy as jnp
+        from jaxweight import maxent
+
+        q = maxent.q_distribution(jnp.array([[.5, 1., 2.]]), temperature=0.5)
+        assert abs(float(q[0, 2]) - 0.8438) < 1e-3
     """
-    check_value(temperature, "temperature", gt=0.0)
+    check_value(temperature, "temperature", ge=0.0)
     check_value(epsilon, "epsilon", ge=0.0)
     u = matrix(utilities, "utilities")
     rs = row_stats(u, mask_of(mask, u, "utilities"), jnp.asarray(temperature, jnp.float32))
@@ -128,8 +133,14 @@ def weight_matrix(
 
     Example::
 
-        w = weight_matrix(q, ref_logp, tau=0.5, beta=0.1)
-        dw_dtau = jax.jacfwd(lambda t: weight_matrix(q, ref_logp, tau=t, beta=0.1))(0.5)
+        import jax, jax.numpy as jnp
+        from jaxweight import maxent
+
+        q = jnp.array([[.1, .2, .7]])
+        ref_logp = jnp.array([[-1.0, -2.0, -0.5]])
+        w = maxent.weight_matrix(q, ref_logp, tau=0.5, beta=0.1, denom=0.5)   # [[0.0171, 0.0561, 0.9268]]
+        dw_dtau = jax.jacfwd(lambda t: maxent.weight_matrix(q, ref_logp, tau=t, beta=0.1))(0.5)
+        assert abs(float(w[0, 2]) - 0.9268) < 1e-3 and dw_dtau.shape == (1, 3)
     """
     # a leaf function: finite settings are checked eagerly and, when traced, through checkify
     # (the spec'd fallbacks tau <= 0 -> 1e-8 and denom <= 0 -> tau stay)
@@ -231,7 +242,10 @@ def weight_entropy(weights: Any, mask: Any = None) -> WeightEntropy:
 
     Example::
 
-        weight_entropy(jnp.array([[.1, .2, .7]])).mean   # 0.8018
+        import jax.numpy as jnp
+        from jaxweight import maxent
+
+        assert abs(float(maxent.weight_entropy(jnp.array([[.1, .2, .7]])).mean) - 0.8018) < 1e-3
     """
     w = matrix(weights, "weights")
     return entropy_from(w, mask_of(mask, w, "weights") & jnp.isfinite(w))[0]

@@ -1,33 +1,28 @@
 """Reward learning from preference comparisons (imitation), vectorised.
 
-Every per-pair and per-member Python loop of imitation's preference
-comparisons becomes one jittable array call:
+Every per-pair and per-member loop of imitation's preference comparisons is
+one jittable array call. Stateless parts: data (:class:`Trajectories`,
+:class:`FragmentPairs`), reward nets and ensembles (:func:`ensemble_apply`),
+the Bradley-Terry model, fragmenters, synthetic teachers, query schedules.
+Three components of one shape (``config`` / ``init`` / ``step`` /
+``metrics_dict``): :mod:`.buffer` (FIFO of comparisons), :mod:`.training` (the
+reward trainer; ``epoch`` is its epoch driver, :class:`RewardTrainer` the host
+wrapper) and :mod:`.loop` (one round per ``step``; the host driver with resume
+is ``driver.PreferenceComparisons``). Generators, PPO and environments need
+gymnax (the ``rl`` extra) and load on first use.
 
-- data: :class:`Trajectories`, :class:`FragmentPairs` and converters;
-- reward nets: :class:`RewardMLP` (+ spaces, :func:`preprocess`), ensembles
-  (:func:`ensemble_init` / :func:`ensemble_apply` / :func:`ensemble_moments` /
-  :func:`add_std`), potential shaping, reward normalisation;
-- model: Bradley-Terry :func:`probability`, :func:`cross_entropy_loss`;
-- fragmenters: :func:`random_fragments`, :func:`active_selection`, :func:`variance_estimate`;
-- teachers: :func:`synthetic_preferences` / :func:`synthetic_teacher` (with B-Pref's noisy teachers);
-- :class:`PreferenceBuffer` (FIFO ring buffer; :func:`buffer_push` with an optional traced ``count``);
-- :class:`RewardTrainer` and its pure core: ONE train step used by the trainer,
-  the loop and the data-parallel path (:func:`train_reward`, :func:`train_epoch`,
-  :func:`train_step`, ``axis_name=`` / ``mesh=`` for data parallelism);
-- query schedules: :data:`QUERY_SCHEDULES`, :func:`oric`, :func:`allocate_comparisons`;
-- the loop: :class:`PreferenceComparisons` (``loop.py``), trajectory generators
-  (:class:`AgentGenerator` with PPO, :class:`DatasetGenerator`, ``generators.py``)
-  and fixed-horizon gymnax environments (``envs.py``). These need gymnax (the
-  ``rl`` extra) and are imported on first use: ``from jaxweight.preference import
-  PreferenceComparisons`` or ``from jaxweight.preference.loop import ...``.
+Example::
 
-Building blocks not listed in ``__all__`` (e.g. ``training.trainer_hparams``,
-``reward_nets.as_space``, ``fragments.sample_fragment_indices``) live in the
-submodules; their old package-level spellings still work with a
-``DeprecationWarning``.
+    import numpy as np
+    from jaxweight import preference as pf
+    pairs = pf.fragment_pairs_from_arrays(np.zeros((2, 2, 4, 3)), np.zeros((2, 2, 3), np.int32))
+    cfg = pf.buffer.config(8)
+    state = pf.buffer.step(pf.buffer.init(cfg, None, pairs), pairs, np.ones(2, np.float32), cfg)
+    assert int(state.size) == 2
 """
 
-from .buffer import PreferenceBuffer, buffer_init, buffer_mask, buffer_push, buffer_size
+from . import buffer, normalization, training
+from .buffer import BufferConfig, PreferenceBuffer
 from .data import (
     FragmentPairs,
     Trajectories,
@@ -47,7 +42,6 @@ from .reward_nets import (
     MultiDiscrete,
     PotentialMLP,
     RewardMLP,
-    RewardNormState,
     ShapedRewardNet,
     add_std,
     basic_shaped_reward_net,
@@ -55,28 +49,12 @@ from .reward_nets import (
     ensemble_init,
     ensemble_moments,
     ensemble_reward,
-    normalize_rewards,
     preprocess,
-    reward_norm_init,
-    reward_norm_update,
 )
 from .schedules import QUERY_SCHEDULES, allocate_comparisons, get_schedule, oric
-from .training import (
-    IntervalParamScaler,
-    RewardTrainer,
-    TrainerConfig,
-    TrainerHParams,
-    TrainerState,
-    lp_regularizer,
-    metrics_dict,
-    minibatch_grad,
-    prepare_data,
-    train_epoch,
-    train_epochs,
-    train_reward,
-    train_step,
-    weight_decay_regularizer,
-)
+from .regularization import IntervalParamScaler, Regularizer, lp_regularizer, weight_decay_regularizer
+from .trainer import RewardTrainer
+from .training import TrainerConfig, TrainerState
 
 __all__ = [
     # data
@@ -86,48 +64,31 @@ __all__ = [
     "Box", "Discrete", "MultiDiscrete", "MultiBinary", "preprocess",
     "RewardMLP", "PotentialMLP", "ShapedRewardNet", "basic_shaped_reward_net",
     "ensemble_init", "ensemble_apply", "ensemble_moments", "add_std", "ensemble_reward",
-    "RewardNormState", "reward_norm_init", "reward_norm_update", "normalize_rewards",
     # model
     "probability", "fragment_rewards", "preference_probabilities", "cross_entropy_loss",
     # fragments
     "random_fragments", "active_selection", "active_selection_scored", "variance_estimate",
     # teachers
     "synthetic_preferences", "synthetic_teacher", "TeacherOutput",
-    # buffer
-    "PreferenceBuffer", "buffer_init", "buffer_push", "buffer_size", "buffer_mask",
-    # training
-    "RewardTrainer", "TrainerConfig", "TrainerHParams", "TrainerState", "IntervalParamScaler",
-    "lp_regularizer", "weight_decay_regularizer", "train_reward", "train_epoch", "train_epochs", "train_step",
-    "prepare_data", "minibatch_grad", "metrics_dict",
+    # components: the buffer and the reward trainer (config / init / step / epoch / metrics_dict)
+    "buffer", "BufferConfig", "PreferenceBuffer", "normalization",
+    "training", "TrainerConfig", "TrainerState", "RewardTrainer",
+    "Regularizer", "IntervalParamScaler", "lp_regularizer", "weight_decay_regularizer",
     # schedules
     "QUERY_SCHEDULES", "get_schedule", "oric", "allocate_comparisons",
 ]
 
 # The loop, generators and environments import gymnax (the ``rl`` extra): loaded on first access.
 _LAZY = {
-    "loop": ("PreferenceComparisons", "LoopConfig", "loop_config", "LoopState", "LoopHParams", "LoopPlan",
-             "RoundInput", "AgentReward", "learned_reward_fn", "predicted_rewards", "reward_correlation",
-             "preference_accuracy", "tqdm_progress", "ROUND_METRICS"),
+    "loop": ("LoopConfig", "LoopState", "LoopPlan", "AgentReward", "learned_reward_fn", "ROUND_METRICS"),
+    "driver": ("PreferenceComparisons", "tqdm_progress"),
+    "evaluation": ("predicted_rewards", "reward_correlation", "preference_accuracy"),
     "generators": ("AgentGenerator", "AgentState", "DatasetGenerator", "DatasetState", "HostGenerator",
-                   "TrajectoryGenerator", "PPOConfig", "PPOHParams", "PPOState", "ActorCritic", "take_steps"),
+                   "TrajectoryGenerator", "take_steps"),
+    "ppo": ("PPOConfig", "PPOHParams", "PPOState", "ActorCritic"),
     "envs": ("FixedHorizonCartPole", "FixedHorizonPendulum", "LearnedRewardEnv", "LearnedRewardParams",
              "LearnedRewardState", "SquashedObsReward", "make_env", "oracle_reward", "reward_net", "env_step"),
 }
-
-# Names that were exported here before and now live only in their submodule (deprecated here).
-_MOVED = {
-    "as_space": "reward_nets", "is_image_space": "reward_nets", "flat_dim": "reward_nets",
-    "num_members": "reward_nets", "binary_cross_entropy": "model", "binary_entropy": "gatherers",
-    "sample_fragment_indices": "fragments", "gather_fragments": "fragments", "UNCERTAINTY_MODES": "fragments",
-    "Regularizer": "training", "TrainData": "training", "trainer_config": "training",
-    "trainer_hparams": "training", "trainer_init": "training", "make_optimizer": "training",
-    "num_epochs": "training", "epoch_metrics_dict": "training", "uncertainty_scores": "fragments",
-    "concatenate_pairs": "data", "reward_norm_apply": "reward_nets", "buffer_ordered": "buffer",
-    "push_first": "loop",  # replaced by buffer_push(buf, pairs, prefs, count=n)
-}
-
-# imitation converters: moving to jaxweight.interop.imitation (helper E); found wherever they live now.
-_IMITATION = ("trajectories_from_imitation", "fragment_pairs_from_imitation")
 
 
 def __getattr__(name):
@@ -136,15 +97,4 @@ def __getattr__(name):
     for module, names in _LAZY.items():
         if name in names:
             return getattr(importlib.import_module(f".{module}", __name__), name)
-    if name in _MOVED:
-        from .._util import warn_deprecated
-
-        warn_deprecated(f"jaxweight.preference.{name}", f"jaxweight.preference.{_MOVED[name]}.{name}")
-        return getattr(importlib.import_module(f".{_MOVED[name]}", __name__), name)
-    if name in _IMITATION:
-        from . import data
-
-        if hasattr(data, name):
-            return getattr(data, name)
-        return getattr(importlib.import_module("jaxweight.interop.imitation"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

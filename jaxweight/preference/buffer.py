@@ -1,19 +1,19 @@
-"""A fixed-capacity FIFO ring buffer of fragment pairs and preferences (imitation ``PreferenceDataset``).
+"""The preference buffer: a fixed-capacity FIFO ring of fragment pairs and preferences (imitation ``PreferenceDataset``).
 
-imitation keeps Python lists and slices off the oldest entries when
-``max_size`` is exceeded; here the buffer is a pytree of ``[capacity, ...]``
-arrays written as a ring, so pushing is jittable, the buffer can live inside a
-compiled training loop and it saves / loads with :mod:`jaxweight.checkpoint`
-(never pickle). Preferences are stored as float32 (imitation concatenates
-them into a float64 array).
+A pytree of ``[capacity, ...]`` arrays written as a ring, so a push is
+jittable and the buffer lives inside a compiled loop and saves with
+:mod:`jaxweight.checkpoint` (never pickle). Preferences are stored float32.
 
 Example::
 
-    buf = buffer_init(1000, example_pairs)          # example_pairs: any FragmentPairs of the right shapes
-    buf = buffer_push(buf, pairs, prefs)            # prefs: f32[P]
-    buf = buffer_push(buf, pairs, prefs, count=n)   # only the first n pairs (n may be traced)
-    buffer_size(buf)                                # i32[]: min(total pushed, 1000)
-    checkpoint.save("prefs.ckpt", buf); buf = checkpoint.load("prefs.ckpt", buffer_init(1000, example_pairs))
+    import jax, numpy as np
+    from jaxweight.preference import buffer, fragment_pairs_from_arrays
+    pairs = fragment_pairs_from_arrays(np.zeros((3, 2, 5, 4)), np.zeros((3, 2, 4), np.int32))
+    cfg = buffer.config(capacity=8)
+    state = buffer.init(cfg, None, pairs)                 # only shapes / dtypes of pairs are used
+    push = jax.jit(buffer.step, donate_argnums=0)
+    state = push(state, pairs, np.ones(3, np.float32), cfg, count=2)   # the first 2 pairs (count may be traced)
+    assert buffer.metrics_dict(state, cfg)["buffer/size"] == 2.0
 """
 
 from __future__ import annotations
@@ -30,7 +30,30 @@ from .data import FragmentPairs
 
 Array = jax.Array
 
-__all__ = ["PreferenceBuffer", "buffer_init", "buffer_push", "buffer_size", "buffer_mask", "buffer_ordered"]
+__all__ = ["BufferConfig", "PreferenceBuffer", "config", "init", "step", "mask", "ordered", "metrics_dict"]
+
+
+@struct.dataclass
+class BufferConfig:
+    """Settings of the buffer (static: the capacity fixes the shapes).
+
+    Attributes:
+      capacity: number of pairs kept (>= 1); the oldest are evicted first.
+    """
+
+    capacity: int = struct.field(pytree_node=False, default=1000)
+
+    def __post_init__(self):
+        check_static_int(self.capacity, "capacity", 1)
+
+
+def config(capacity: int) -> BufferConfig:
+    """Validate and build a :class:`BufferConfig`.
+
+    Raises:
+      ValueError: ``capacity`` is not a static int >= 1.
+    """
+    return BufferConfig(capacity=check_static_int(capacity, "capacity", 1))
 
 
 @struct.dataclass
@@ -54,13 +77,17 @@ class PreferenceBuffer:
         return int(self.prefs.shape[0])
 
 
-def buffer_init(capacity: int, example_pairs: FragmentPairs) -> PreferenceBuffer:
-    """An empty buffer for ``capacity`` pairs shaped like ``example_pairs`` (only shapes/dtypes are used).
+def init(cfg: BufferConfig, key: Any = None, example_pairs: FragmentPairs | None = None) -> PreferenceBuffer:
+    """An empty buffer of ``cfg.capacity`` pairs shaped like ``example_pairs`` (only shapes/dtypes are used).
+
+    ``key`` is unused (the buffer draws nothing); it keeps the component shape.
 
     Raises:
-      ValueError: ``capacity`` is not a static int >= 1.
+      ValueError: ``cfg`` is not a :class:`BufferConfig`; ``example_pairs`` is not ``FragmentPairs``.
     """
-    capacity = check_static_int(capacity, "capacity", 1)
+    if not isinstance(cfg, BufferConfig):
+        raise ValueError(f"cfg must be a BufferConfig (buffer.config(capacity)), got {type(cfg).__name__}")
+    capacity = cfg.capacity
     if not isinstance(example_pairs, FragmentPairs):
         raise ValueError(f"example_pairs must be FragmentPairs, got {type(example_pairs).__name__}")
     example_pairs.check()
@@ -77,7 +104,8 @@ def buffer_init(capacity: int, example_pairs: FragmentPairs) -> PreferenceBuffer
     )
 
 
-def buffer_push(buf: PreferenceBuffer, pairs: FragmentPairs, prefs: Array, count: Any = None) -> PreferenceBuffer:
+def step(buf: PreferenceBuffer, pairs: FragmentPairs, prefs: Array, cfg: BufferConfig, *,
+         count: Any = None) -> PreferenceBuffer:
     """Append the first ``count`` of ``P`` pairs in order, evicting the oldest when full (jittable).
 
     ``count > capacity`` keeps the newest ``capacity`` of them.
@@ -90,6 +118,7 @@ def buffer_push(buf: PreferenceBuffer, pairs: FragmentPairs, prefs: Array, count
       buf: the buffer.
       pairs: ``P`` pairs with the per-pair shapes / dtypes of the buffer.
       prefs: ``f32[P]`` preferences.
+      cfg: the buffer's config.
       count: how many of the pairs to write, ``None`` (all ``P``) or an int /
         ``i32[]`` in ``[0, P]``; may be traced (one compiled push for every count).
 
@@ -99,6 +128,8 @@ def buffer_push(buf: PreferenceBuffer, pairs: FragmentPairs, prefs: Array, count
         whose shapes or dtypes differ from the buffer's; a concrete ``count``
         outside ``[0, P]`` (a traced one is clipped to it).
     """
+    if buf.capacity != cfg.capacity:
+        raise ValueError(f"the buffer holds {buf.capacity} pairs but cfg.capacity is {cfg.capacity}")
     p = pairs.num_pairs if isinstance(pairs, FragmentPairs) else None
     if p is None:
         raise ValueError(f"pairs must be FragmentPairs, got {type(pairs).__name__}")
@@ -126,7 +157,6 @@ def buffer_push(buf: PreferenceBuffer, pairs: FragmentPairs, prefs: Array, count
     return _push(buf, pairs, jnp.asarray(prefs, jnp.float32), jnp.asarray(count, jnp.int32))
 
 
-@jax.jit
 def _push(buf: PreferenceBuffer, pairs: FragmentPairs, prefs: Array, count: Array) -> PreferenceBuffer:
     cap, p = buf.capacity, pairs.num_pairs
     count = jnp.clip(count, 0, p)
@@ -146,17 +176,12 @@ def _push(buf: PreferenceBuffer, pairs: FragmentPairs, prefs: Array, count: Arra
     )
 
 
-def buffer_size(buf: PreferenceBuffer) -> Array:
-    """``i32[]``: number of stored pairs."""
-    return buf.size
-
-
-def buffer_mask(buf: PreferenceBuffer) -> Array:
+def mask(buf: PreferenceBuffer) -> Array:
     """``bool[capacity]``: filled slots whose pair is valid (the items training uses)."""
     return (jnp.arange(buf.capacity) < buf.size) & buf.pairs.valid
 
 
-def buffer_ordered(buf: PreferenceBuffer) -> tuple[FragmentPairs, Array, Array]:
+def ordered(buf: PreferenceBuffer) -> tuple[FragmentPairs, Array, Array]:
     """The contents oldest first: ``(pairs [capacity, ...], prefs f32[capacity], filled bool[capacity])``.
 
     Jittable (a roll by the traced ring offset); filled entries come first.
@@ -167,3 +192,12 @@ def buffer_ordered(buf: PreferenceBuffer) -> tuple[FragmentPairs, Array, Array]:
     roll = lambda x: jnp.roll(x, -shift, axis=0)  # noqa: E731
     filled = jnp.arange(cap) < buf.size
     return jax.tree.map(roll, buf.pairs), roll(buf.prefs), filled
+
+
+def metrics_dict(buf: PreferenceBuffer, cfg: BufferConfig | None = None) -> dict[str, float]:
+    """``{"buffer/size", "buffer/valid", "buffer/capacity"}`` as floats (host side; averaged over a seed axis)."""
+    size, flags = jax.device_get((buf.size, buf.pairs.valid))
+    size, flags = np.asarray(size), np.asarray(flags, bool)
+    filled = np.arange(flags.shape[-1]) < size[..., None]
+    return {"buffer/size": float(np.mean(size)), "buffer/valid": float(np.mean(np.sum(filled & flags, axis=-1))),
+            "buffer/capacity": float(flags.shape[-1])}

@@ -1,25 +1,17 @@
 """Trajectories and fragment pairs as padded arrays, and converters from per-episode lists.
 
-imitation stores rollouts as lists of ``TrajectoryWithRew`` objects of different
-lengths and fragment pairs as lists of tuples of them. Here both are single
-pytrees of padded arrays, so fragmenting, scoring and training run as batched
-array code:
-
-- :class:`Trajectories` ``(obs [N, T+1, ...], acts [N, T, ...], rews f32[N, T],
-  lengths i32[N], terminal bool[N])``: episode ``n`` owns steps ``t < lengths[n]``;
-  the rest is padding and is ignored everywhere.
-- :class:`FragmentPairs` ``(obs [P, 2, L+1, ...], acts [P, 2, L, ...],
-  rews f32[P, 2, L], terminal bool[P, 2], valid bool[P])``: pair ``i`` compares
-  fragment ``[i, 0]`` with fragment ``[i, 1]``; ``valid`` marks pairs that exist
-  (a fragmenter under ``jit`` or a skipping teacher cannot drop rows, so it
-  clears the flag instead).
-
-Transitions of a fragment are ``obs[:-1] -> obs[1:]``; its ``done`` flags are
-False except the last, which equals ``terminal`` (imitation's
-``flatten_trajectories``).
+imitation's lists of ``TrajectoryWithRew`` become single pytrees of padded arrays:
+:class:`Trajectories` ``(obs [N, T+1, ...], acts [N, T, ...], rews f32[N, T],
+lengths i32[N], terminal bool[N])`` (episode ``n`` owns steps ``t < lengths[n]``)
+and :class:`FragmentPairs` ``(obs [P, 2, L+1, ...], acts [P, 2, L, ...], rews
+f32[P, 2, L], terminal bool[P, 2], valid bool[P])`` (``valid`` marks pairs that
+exist, since code under ``jit`` cannot drop rows). Transitions are
+``obs[:-1] -> obs[1:]``; ``done`` is False except the last, which is ``terminal``.
 
 Example::
 
+    import numpy as np
+    from jaxweight.preference import trajectories_from_arrays
     trajs = trajectories_from_arrays(
         obs=[np.zeros((11, 4)), np.ones((8, 4))],       # T_n + 1 observations each
         acts=[np.zeros(10, int), np.ones(7, int)],
@@ -47,9 +39,7 @@ __all__ = [
     "Trajectories",
     "FragmentPairs",
     "trajectories_from_arrays",
-    "trajectories_from_imitation",
     "fragment_pairs_from_arrays",
-    "fragment_pairs_from_imitation",
     "concatenate_trajectories",
     "concatenate_pairs",
     "discounted_returns",
@@ -281,16 +271,6 @@ def trajectories_from_arrays(
     )
 
 
-def trajectories_from_imitation(trajectories: Sequence[Any], *, horizon: int | None = None) -> Trajectories:
-    """Deprecated: use :func:`jaxweight.interop.imitation.trajectories_from_imitation`."""
-    from jaxweight._util import warn_deprecated
-    from jaxweight.interop import imitation as _imx
-
-    warn_deprecated("jaxweight.preference.data.trajectories_from_imitation",
-                    "jaxweight.interop.imitation.trajectories_from_imitation")
-    return _imx.trajectories_from_imitation(trajectories, horizon=horizon)
-
-
 def fragment_pairs_from_arrays(
     obs: Any, acts: Any, rews: Any | None = None, terminal: Any | None = None, valid: Any | None = None
 ) -> FragmentPairs:
@@ -323,16 +303,6 @@ def fragment_pairs_from_arrays(
         obs=jnp.asarray(obs.astype(_canon_dtype(obs))), acts=jnp.asarray(acts.astype(_canon_dtype(acts))),
         rews=jnp.asarray(rews), terminal=jnp.asarray(terminal), valid=jnp.asarray(valid),
     )
-
-
-def fragment_pairs_from_imitation(pairs: Sequence[tuple[Any, Any]]) -> FragmentPairs:
-    """Deprecated: use :func:`jaxweight.interop.imitation.fragment_pairs_from_imitation`."""
-    from jaxweight._util import warn_deprecated
-    from jaxweight.interop import imitation as _imx
-
-    warn_deprecated("jaxweight.preference.data.fragment_pairs_from_imitation",
-                    "jaxweight.interop.imitation.fragment_pairs_from_imitation")
-    return _imx.fragment_pairs_from_imitation(pairs)
 
 
 # ---------------------------------------------------------------- utilities

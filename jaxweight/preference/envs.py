@@ -1,34 +1,24 @@
 """Fixed-horizon environments and the learned-reward wrapper for preference comparisons.
 
-Preference learning needs episodes of one fixed length: with CartPole-v1's
-early termination every step pays 1, so all fragments tie and preferences carry
-no information, and the episode length itself leaks the reward. The seals
-benchmark (https://github.com/HumanCompatibleAI/seals) fixes this with
-fixed-horizon variants; these are the gymnax counterparts:
-
-- :class:`FixedHorizonCartPole`: gymnax's CartPole-v1 physics, every episode
-  lasts exactly ``horizon`` (500) steps, the reward is 1 while the pole is
-  upright and the cart in bounds (gymnax's termination thresholds, evaluated on
-  the state after the step, as seals does) and 0 otherwise; nothing terminates
-  early, the physics keeps running.
-- :class:`FixedHorizonPendulum`: gymnax's Pendulum-v1 (continuous torque,
-  reward ``-(angle^2 + 0.1 thdot^2 + 0.001 u^2)``), horizon 200.
-
-:class:`LearnedRewardEnv` replaces an environment's reward with a learned one.
-The reward parameters travel inside the environment params pytree
-(:class:`LearnedRewardParams`), so an agent's train function that takes env
-params as an argument sees new reward params as new *values*: updating the
-reward model never recompiles the agent. The true reward is kept in
-``info["true_reward"]`` for evaluation only.
+Preference learning needs episodes of one fixed length (with early termination
+all CartPole fragments tie and the length leaks the reward), as in seals:
+:class:`FixedHorizonCartPole` (500 steps, reward 1 while upright and in bounds)
+and :class:`FixedHorizonPendulum` (200 steps) are the gymnax counterparts.
+:class:`LearnedRewardEnv` replaces the reward with a learned one whose params
+ride in the env params (:class:`LearnedRewardParams`), so a new reward model
+never recompiles the agent; the true reward stays in ``info["true_reward"]``.
 
 Example::
 
+    import jax, jax.numpy as jnp
+    from jaxweight.preference.envs import LearnedRewardEnv, LearnedRewardParams, make_env
     env, env_params = make_env("cartpole")
     wrapped = LearnedRewardEnv(env, lambda p, o, a, o2, d: p["w"] @ o)
     params = LearnedRewardParams(env_params, {"w": jnp.ones(4)})
+    key = jax.random.key(0)
     obs, state = wrapped.reset(key, params)
-    obs, state, r_learned, done, info = wrapped.step(key, state, 0, params)
-    info["true_reward"]  # the environment's own reward
+    obs, state, r_learned, *_, info = wrapped.step(key, state, 0, params)
+    assert info["true_reward"] == 1.0      # the environment's own reward; the agent sees r_learned
 """
 
 from __future__ import annotations
@@ -161,10 +151,7 @@ class FixedHorizonCartPole(_FixedHorizonEnv):
     Args:
       horizon: episode length (default 500, as seals' CartPole-v0).
 
-    Example::
-
-        env = FixedHorizonCartPole()
-        obs, state = env.reset(jax.random.key(0), env.default_params)
+    For instance ``obs, state = FixedHorizonCartPole().reset(jax.random.key(0), env.default_params)``.
     """
 
     #: typical magnitude of each observation (x and theta: the failure thresholds)
@@ -408,12 +395,7 @@ class LearnedRewardEnv(environment.Environment):
         for a single transition; for an ensemble, typically
         ``mean + alpha * std`` of the members (see ``add_std``).
 
-    Example::
-
-        env, p = make_env("cartpole")
-        wrapped = LearnedRewardEnv(env, reward_apply)
-        params = LearnedRewardParams(p, reward_params)
-        # new reward params: params.replace(reward_params=new) -> same compiled agent
+    New reward params (``params.replace(reward_params=new)``) reuse the same compiled agent.
     """
 
     def __init__(self, env: environment.Environment, reward_apply: RewardFn):

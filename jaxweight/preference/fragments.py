@@ -1,25 +1,24 @@
 """Fragmenters: random fragment pairs and ensemble-disagreement active selection.
 
-:func:`random_fragments` is imitation's ``RandomFragmenter`` on padded arrays:
-every fragment independently picks an episode with probability proportional
-to its length (among those at least ``L`` long) and a start uniformly on
-``[0, n - L]``; it is jittable (``L`` and ``P`` static, the data traced).
-
-:func:`active_selection` is imitation's ``ActiveSelectionFragmenter``: draw
-``int(sample_factor * num_pairs)`` candidates, score every candidate by the
-ensemble's disagreement and keep the ``num_pairs`` most uncertain. The per-pair
-Python loop of the original becomes one call: member rewards are computed
-once per trajectory step (every candidate fragment is a window of an episode,
-and a step's reward does not depend on which window contains it) and the
-candidates' windows are gathered from them, so the cost grows with the
-number of distinct steps, not with ``2 * C * L``.
+:func:`random_fragments` (imitation ``RandomFragmenter``, jittable) picks each
+fragment's episode with probability proportional to its length and a uniform
+start. :func:`active_selection` (``ActiveSelectionFragmenter``) scores
+``int(sample_factor * num_pairs)`` candidates by the ensemble's disagreement
+in one call, member rewards computed once per trajectory step.
 
 Example::
 
-    pairs = random_fragments(key, trajs, fragment_length=50, num_pairs=100)
-    picked = active_selection(key, params, net, trajs, 50, 100, sample_factor=10)
-    picked, scores = active_selection_scored(key, params, net, trajs, 50, 100, sample_factor=10,
-                                             uncertainty_on="all")
+    import numpy as np
+    from jaxweight.preference import (Box, Discrete, RewardMLP, active_selection_scored, ensemble_init,
+                                      example_inputs, random_fragments, trajectories_from_arrays)
+    rng = np.random.default_rng(0)
+    trajs = trajectories_from_arrays([rng.normal(size=(21, 3)) for _ in range(4)],
+                                     [rng.integers(0, 2, 20) for _ in range(4)], [np.ones(20)] * 4)
+    pairs = random_fragments(0, trajs, fragment_length=5, num_pairs=8)      # FragmentPairs [8, 2, 6, 3]
+    net = RewardMLP(hidden_sizes=(4,), observation_space=Box((3,)), action_space=Discrete(2))
+    params = ensemble_init(0, net, example_inputs(pairs), num_members=3)
+    picked, scores = active_selection_scored(1, params, net, trajs, 5, 4, sample_factor=2, uncertainty_on="all")
+    assert picked.num_pairs == 4 and set(scores) >= {"logit", "probability", "label"}
 
 References:
   imitation ``algorithms/preference_comparisons.py`` (``RandomFragmenter``,
@@ -30,7 +29,6 @@ References:
 from __future__ import annotations
 
 import logging
-from functools import partial
 from typing import Any
 
 import flax.linen as nn
@@ -38,9 +36,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._util import as_key, check_static_int, check_value, concrete, warn_deprecated
+from .._util import as_key, check_static_int, check_value, concrete
 from .data import FragmentPairs, Trajectories
-from .model import _check_bt, probability
+from .model import _check_bt
 from .reward_nets import ensemble_apply, num_members
 
 Array = jax.Array
@@ -206,7 +204,6 @@ def random_fragments(
     return _random_fragments_core(as_key(key), trajectories, fragment_length, num_pairs)
 
 
-@partial(jax.jit, static_argnums=(2, 3))
 def _random_fragments_core(key, trajectories, fragment_length, num_pairs):
     traj, start, term, valid = sample_fragment_indices(
         key, trajectories.lengths, trajectories.terminal, fragment_length, num_pairs
@@ -323,14 +320,12 @@ def active_selection(
     discount: Any = 1.0,
     threshold: Any = 50.0,
     select_by: str = "logit",
-    return_scores: bool = False,
     warning_threshold: int = 10,
     rewards_per: str = "auto",
 ) -> FragmentPairs:
     """Pick the ``num_pairs`` candidate pairs the ensemble disagrees on most.
 
-    :func:`active_selection_scored` (same arguments) also returns the scores;
-    ``return_scores=True`` here is its deprecated spelling.
+    :func:`active_selection_scored` (same arguments) also returns the scores.
 
     ``C = int(sample_factor * num_pairs)`` candidates come from
     :func:`random_fragments`; member rewards ``r1, r2: [C, L, M]`` (under
@@ -352,7 +347,6 @@ def active_selection(
         probability-based scores (may be traced).
       select_by: the score to rank by when ``uncertainty_on="all"``; one of
         ``"logit"``, ``"probability"``, ``"label"``, ``"disagreement"``, ``"entropy"``.
-      return_scores: deprecated; use :func:`active_selection_scored`.
       warning_threshold: see :func:`random_fragments`.
       rewards_per: ``"step"`` (score every trajectory step once and gather
         windows), ``"fragment"`` (score the ``2CL`` candidate steps) or
@@ -367,13 +361,6 @@ def active_selection(
         (imitation's message), ``C < num_pairs``, and the errors of
         :func:`random_fragments`.
     """
-    if return_scores:
-        warn_deprecated("active_selection(..., return_scores=True)", "active_selection_scored(...)")
-        return active_selection_scored(
-            key, params, module, trajectories, fragment_length, num_pairs, sample_factor, uncertainty_on,
-            noise_prob=noise_prob, discount=discount, threshold=threshold, select_by=select_by,
-            warning_threshold=warning_threshold, rewards_per=rewards_per,
-        )
     return active_selection_scored(
         key, params, module, trajectories, fragment_length, num_pairs, sample_factor, uncertainty_on,
         noise_prob=noise_prob, discount=discount, threshold=threshold, select_by=select_by,
@@ -441,7 +428,6 @@ def active_selection_scored(
     return picked, scores
 
 
-@partial(jax.jit, static_argnums=(0, 5, 6, 7, 8, 9, 10))
 def _active_core(module, key, params, trajectories, hyper, fragment_length, num_pairs, n_cand, uncertainty_on,
                  rank_by, mode):
     noise_prob, discount, threshold = hyper

@@ -2,9 +2,13 @@
 
 Example::
 
-    prefs, entropy = synthetic_preferences(key, pairs, temperature=1.0)        # f32[P], f32[]
-    out = synthetic_teacher(key, pairs, mistake_prob=0.1, skip_threshold=0.0)  # TeacherOutput
-    out.prefs, out.entropy, out.valid, out.n_invalid
+    import numpy as np
+    from jaxweight.preference import fragment_pairs_from_arrays, synthetic_preferences, synthetic_teacher
+    rews = np.array([[[1.0, 1.0], [0.0, 0.0]], [[0.0, 0.0], [5.0, 5.0]]])   # [P=2, 2, L=2]
+    pairs = fragment_pairs_from_arrays(np.zeros((2, 2, 3, 1)), np.zeros((2, 2, 2), np.int32), rews)
+    prefs, entropy = synthetic_preferences(0, pairs, temperature=0.0)       # [1, 0], 0
+    out = synthetic_teacher(0, pairs, mistake_prob=0.1, skip_threshold=0.5)  # TeacherOutput
+    assert prefs.tolist() == [1.0, 0.0] and out.valid.tolist() == [True, True]
 
 References:
   imitation ``SyntheticGatherer`` (https://github.com/HumanCompatibleAI/imitation);
@@ -15,14 +19,13 @@ References:
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from .._util import as_key, check_value, masked_mean, warn_deprecated
+from .._util import as_key, check_value, masked_mean
 from .data import FragmentPairs, _discounted_returns
 
 Array = jax.Array
@@ -150,13 +153,12 @@ def synthetic_preferences(
     mistake_prob: Any = 0.0,
     equal_threshold: Any = 0.0,
     skip_threshold: Any = None,
-    return_valid: bool = False,
 ) -> tuple[Array, Array]:
     """``(prefs f32[P], entropy f32[])`` of :func:`synthetic_teacher` (imitation's ``SyntheticGatherer``).
 
     Same arguments as :func:`synthetic_teacher`. Use :func:`synthetic_teacher`
     to also receive which pairs were answered (``skip_threshold``, non-finite
-    rewards). ``return_valid=True`` is deprecated (it returned a third value).
+    rewards).
 
     Raises:
       ValueError: ``P == 0``; ``skip_threshold`` (use :func:`synthetic_teacher`);
@@ -165,19 +167,14 @@ def synthetic_preferences(
     Example (spec example 4): pairs ([1,1] vs [0,0]), ([1,0] vs [0,1]), ([0,0] vs [5,5])
     give ``[1, .5, 0]`` at T=0 and ``[.880797, .5, 4.54e-5]`` at T=1 with ``sample=False``.
     """
-    if return_valid:
-        warn_deprecated("synthetic_preferences(..., return_valid=True)", "synthetic_teacher(...)")
-    elif skip_threshold is not None:
+    if skip_threshold is not None:
         raise ValueError("skip_threshold marks skipped pairs invalid: use synthetic_teacher(...) to receive them")
     out = synthetic_teacher(key, pairs, temperature=temperature, discount=discount, sample=sample,
                             threshold=threshold, mistake_prob=mistake_prob, equal_threshold=equal_threshold,
                             skip_threshold=skip_threshold)
-    if return_valid:
-        return out.prefs, out.entropy, out.valid
     return out.prefs, out.entropy
 
 
-@partial(jax.jit, static_argnums=(8, 9))
 def _teacher(key, pairs, temperature, discount, threshold, mistake_prob, equal_threshold, skip_threshold, sample,
              skip):
     k_sample, k_mistake = jax.random.split(key)

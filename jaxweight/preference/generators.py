@@ -1,38 +1,15 @@
 """Trajectory generators for preference comparisons: a fixed dataset and a gymnax + PPO agent.
 
-imitation's ``TrajectoryGenerator`` protocol is ``sample(steps) -> trajectories``
-(at least ``steps`` transitions) and ``train(steps)``. Here every generator is a
-set of pure functions over an explicit state, so a whole preference-comparisons
-run can be jitted and ``jax.vmap``-ed over seeds::
-
-    state = gen.init(key)
-    trajs = gen.sample(state, key, steps, max_steps=cap)      # Trajectories, fixed shape
-    state = gen.train(state, key, steps, reward_params)        # steps may be traced
-    ret   = gen.evaluate(state, key, num_episodes)             # true returns (AgentGenerator)
-
-plus :class:`HostGenerator`, a thin stateful object with imitation's methods
-``sample(key, steps)`` / ``train(key, steps, reward_params)``.
-
-Generators:
-
-- :class:`DatasetGenerator`: a fixed set of trajectories, shuffled with the key
-  (imitation ``TrajectoryDataset``); ``train`` does nothing.
-- :class:`AgentGenerator`: a PPO agent on a gymnax environment whose reward is
-  the learned reward model (:class:`~jaxweight.preference.envs.LearnedRewardEnv`,
-  reward params inside the env params, so new reward params never recompile),
-  with imitation ``AgentTrainer``'s exploration for sampling
-  (``exploration_frac``, ``switch_prob``, ``random_prob``). Samples record the
-  environment's true reward (the synthetic teacher's input); the agent only
-  ever trains on the learned one.
-
-The PPO is a compact one of our own (purejaxrl-style, flax + optax), not
-rejax's: rejax 0.1.3 keeps Python scalars and per-call dynamically created
-classes in its train state (weak types, unstable tree structure across
-``init`` calls, so checkpoint targets retrace), bakes the learning rate into a
-static optimizer closure, imports distrax/TFP (which emit DeprecationWarnings
-under jax 0.10) and its rollouts drop the pre-reset final observation that
-fragments need. Here every state leaf has an explicit dtype and every
-continuous hyperparameter is an array leaf (vmappable, never recompiles).
+imitation's ``TrajectoryGenerator`` (``sample(steps)``, ``train(steps)``) as pure
+functions over an explicit state, so a whole run jits and vmaps over seeds:
+``gen.init(key)``, ``gen.sample(state, key, steps, max_steps=cap)`` (fixed
+shapes), ``gen.train(state, key, steps, reward_params)`` and, for agents,
+``gen.evaluate(state, key, n)`` (true returns). :class:`DatasetGenerator` is a
+fixed, shuffled set of trajectories (``TrajectoryDataset``);
+:class:`AgentGenerator` a PPO agent (:mod:`jaxweight.preference.ppo`) on a gymnax
+environment rewarded by the learned model, with ``AgentTrainer``'s exploration;
+samples record the true reward for the teacher. :class:`HostGenerator` is a thin
+stateful wrapper with imitation's methods.
 
 References:
   imitation ``algorithms/preference_comparisons.py`` (``TrajectoryDataset``,
@@ -43,7 +20,7 @@ References:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
@@ -51,13 +28,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import linen as nn
 from flax import struct
 from gymnax.environments import environment, spaces
 
 from .._util import as_key, check_static_int, check_value
 from .data import Trajectories
 from .envs import LearnedRewardEnv, LearnedRewardParams, LearnedRewardState, env_step, make_env
+from .ppo import (ActorCritic, PPOConfig, PPOHParams, PPOState, Transition, _log_prob_entropy, _sample_action, gae,
+                  ppo_loss)
 
 __all__ = [
     "TrajectoryGenerator",
@@ -65,10 +43,6 @@ __all__ = [
     "take_steps",
     "DatasetGenerator",
     "DatasetState",
-    "PPOConfig",
-    "PPOHParams",
-    "PPOState",
-    "ActorCritic",
     "AgentGenerator",
     "AgentState",
 ]
@@ -97,11 +71,8 @@ class HostGenerator:
     Attributes:
       state: the current generator state (replaced by ``train``).
 
-    Example::
-
-        host = HostGenerator(AgentGenerator.from_name("cartpole"), 0)
-        trajs = host.sample(1, 1000)            # >= 1000 transitions
-        host.train(2, 10_000, reward_params)    # 10k agent steps on the learned reward
+    For instance ``host = HostGenerator(AgentGenerator.from_name("cartpole"), 0)``,
+    then ``host.sample(1, 1000)`` (>= 1000 transitions) and ``host.train(2, 10_000, reward_params)``.
     """
 
     def __init__(self, gen, key: Any):
@@ -165,9 +136,13 @@ class DatasetGenerator:
 
     Example::
 
+        import numpy as np
+        from jaxweight.preference import trajectories_from_arrays
+        from jaxweight.preference.generators import DatasetGenerator
+        trajs = trajectories_from_arrays([np.zeros((11, 2))] * 5, [np.zeros(10, int)] * 5, [np.ones(10)] * 5)
         gen = DatasetGenerator(trajs)
-        s = gen.init(0)
-        part = gen.sample(s, key, 1000)   # shuffled, leading ones hold >= 1000 steps
+        part = gen.sample(gen.init(0), 1, 25)      # shuffled; the leading episodes hold >= 25 steps
+        assert int(part.lengths[:3].sum()) >= 25
     """
 
     def __init__(self, trajectories: Trajectories):
@@ -231,211 +206,10 @@ class DatasetGenerator:
 
 # ------------------------------------------------------------------ PPO
 @struct.dataclass
-class PPOConfig:
-    """Structural PPO settings (static; changing them recompiles).
-
-    Attributes:
-      num_envs: parallel environments per update (E).
-      num_steps: rollout length per environment per update (S); an update uses
-        ``E * S`` transitions.
-      num_minibatches: minibatches per epoch (must divide ``E * S``).
-      update_epochs: passes over each rollout.
-      hidden_sizes: MLP widths of the actor and of the critic.
-      activation: ``"tanh"`` or ``"relu"`` (any ``flax.linen`` activation name).
-      max_grad_norm: global-norm gradient clipping.
-    """
-
-    num_envs: int = struct.field(pytree_node=False, default=16)
-    num_steps: int = struct.field(pytree_node=False, default=128)
-    num_minibatches: int = struct.field(pytree_node=False, default=4)
-    update_epochs: int = struct.field(pytree_node=False, default=4)
-    hidden_sizes: tuple = struct.field(pytree_node=False, default=(64, 64))
-    activation: str = struct.field(pytree_node=False, default="tanh")
-    max_grad_norm: float = struct.field(pytree_node=False, default=0.5)
-
-    @property
-    def batch_size(self) -> int:
-        return self.num_envs * self.num_steps
-
-
-@struct.dataclass
-class PPOHParams:
-    """Continuous PPO hyperparameters, all ``f32[]`` leaves (vmappable, never recompile).
-
-    Attributes:
-      learning_rate: Adam step size (default 1e-3).
-      gamma, gae_lambda: discount and GAE lambda (0.99, 0.95).
-      clip_eps: PPO ratio clipping (0.2).
-      ent_coef, vf_coef: entropy bonus and value-loss weights (0.01, 0.5).
-      vf_clip: if > 0, clip the value update to ``+-vf_clip`` around the
-        rollout's values (purejaxrl clips with ``clip_eps``); 0 (default, as
-        Stable-Baselines3) does not clip: clipping slows the critic badly when
-        returns are large, as with a learned reward of unknown scale.
-      anneal_steps: if > 0, the learning rate decays linearly from
-        ``learning_rate`` to 0 over this many trained environment steps
-        (purejaxrl's annealing); 0 keeps it constant (default).
-    """
-
-    learning_rate: Array
-    gamma: Array
-    gae_lambda: Array
-    clip_eps: Array
-    ent_coef: Array
-    vf_coef: Array
-    vf_clip: Array
-    anneal_steps: Array
-
-    @classmethod
-    def create(cls, learning_rate=1e-3, gamma=0.99, gae_lambda=0.95, clip_eps=0.2, ent_coef=0.01, vf_coef=0.5,
-               vf_clip=0.0, anneal_steps=0.0):
-        """Validated hyperparameters.
-
-        Raises:
-          ValueError: naming the value and its range: ``learning_rate``,
-            ``clip_eps``, ``ent_coef``, ``vf_coef``, ``vf_clip``, ``anneal_steps``
-            must be finite and >= 0; ``gamma`` and ``gae_lambda`` in [0, 1].
-        """
-        check_value(learning_rate, "learning_rate", ge=0.0)
-        check_value(gamma, "gamma", ge=0.0, le=1.0)
-        check_value(gae_lambda, "gae_lambda", ge=0.0, le=1.0)
-        for name, v in (("clip_eps", clip_eps), ("ent_coef", ent_coef), ("vf_coef", vf_coef), ("vf_clip", vf_clip),
-                        ("anneal_steps", anneal_steps)):
-            check_value(v, name, ge=0.0)
-        f = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
-        return cls(f(learning_rate), f(gamma), f(gae_lambda), f(clip_eps), f(ent_coef), f(vf_coef), f(vf_clip),
-                   f(anneal_steps))
-
-    def current_learning_rate(self, steps: Array) -> Array:
-        """``f32[]`` learning rate after ``steps`` trained environment steps."""
-        anneal = self.anneal_steps
-        frac = jnp.clip(1.0 - steps.astype(jnp.float32) / jnp.where(anneal > 0, anneal, 1.0), 0.0, 1.0)
-        return self.learning_rate * jnp.where(anneal > 0, frac, 1.0)
-
-
-def orthogonal(scale: float = 1.0) -> Callable[[Array, Sequence[int], Any], Array]:
-    """Orthogonal initializer (as ``flax.linen.initializers.orthogonal``) without LAPACK.
-
-    The orthonormal factor of a Gaussian matrix comes from classical
-    Gram-Schmidt with re-orthogonalisation (the ``Q`` of a QR decomposition
-    with a positive ``R`` diagonal, i.e. Haar-distributed). jaxlib's batched
-    LAPACK QR kernel schedules its batch on XLA's intra-op thread pool and can
-    deadlock when two of them run at once on a 2-thread pool, which is what
-    ``jax.vmap`` over seeds of a jitted ``init`` produces on a 2-core CPU.
-
-    Returns:
-      ``init(key, shape, dtype=f32) -> [*shape]`` whose last axis is the output
-      axis (orthonormal rows or columns of the ``[prod(shape[:-1]), shape[-1]]``
-      matrix, times ``scale``).
-    """
-
-    def init(key, shape, dtype=jnp.float32):
-        n_rows, n_cols = int(np.prod(shape[:-1])), int(shape[-1])
-        m, n = max(n_rows, n_cols), min(n_rows, n_cols)
-        a = jax.random.normal(key, (m, n), jnp.float32)
-
-        def column(j, q):
-            v = a[:, j]
-            for _ in range(2):  # twice is enough in float32 ("twice is enough", Giraud et al. 2005)
-                v = v - q @ (q.T @ v)
-            return q.at[:, j].set(v / jnp.linalg.norm(v))
-
-        q = jax.lax.fori_loop(0, n, column, jnp.zeros((m, n), jnp.float32))
-        if n_rows < n_cols:
-            q = q.T
-        return (scale * q).reshape(shape).astype(dtype)
-
-    return init
-
-
-class ActorCritic(nn.Module):
-    """Separate actor and critic MLPs (purejaxrl initialisation).
-
-    ``__call__(obs f32[..., D]) -> (out f32[..., A], log_std f32[A], value f32[...])``;
-    ``out`` are logits (discrete) or the Gaussian mean (continuous; a
-    state-independent ``log_std`` parameter, zeros for discrete).
-    """
-
-    action_dim: int
-    discrete: bool
-    hidden_sizes: Sequence[int] = (64, 64)
-    activation: str = "tanh"
-
-    @nn.compact
-    def __call__(self, obs):
-        act = getattr(nn, self.activation)
-        ortho = orthogonal
-        x = obs
-        for h in self.hidden_sizes:
-            x = act(nn.Dense(h, kernel_init=ortho(np.sqrt(2)), bias_init=nn.initializers.zeros)(x))
-        out = nn.Dense(self.action_dim, kernel_init=ortho(0.01), bias_init=nn.initializers.zeros)(x)
-        v = obs
-        for h in self.hidden_sizes:
-            v = act(nn.Dense(h, kernel_init=ortho(np.sqrt(2)), bias_init=nn.initializers.zeros)(v))
-        v = nn.Dense(1, kernel_init=ortho(1.0), bias_init=nn.initializers.zeros)(v)[..., 0]
-        if self.discrete:
-            log_std = jnp.zeros((self.action_dim,), jnp.float32)
-        else:
-            log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
-        return out, log_std, v
-
-
-def _sample_action(key, out, log_std, discrete):
-    if discrete:
-        a = jax.random.categorical(key, out, axis=-1)
-        return a.astype(jnp.int32)
-    return out + jnp.exp(log_std) * jax.random.normal(key, out.shape, out.dtype)
-
-
-def _log_prob_entropy(out, log_std, a, discrete):
-    if discrete:
-        logp_all = jax.nn.log_softmax(out, axis=-1)
-        logp = jnp.take_along_axis(logp_all, a[..., None].astype(jnp.int32), axis=-1)[..., 0]
-        ent = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
-        return logp, ent
-    var = jnp.exp(2 * log_std)
-    logp = -0.5 * jnp.sum((a - out) ** 2 / var + 2 * log_std + jnp.log(2 * jnp.pi), axis=-1)
-    ent = jnp.sum(0.5 + 0.5 * jnp.log(2 * jnp.pi) + log_std) * jnp.ones(out.shape[:-1], out.dtype)
-    return logp, ent
-
-
-@struct.dataclass
-class PPOState:
-    """PPO train state (every leaf an array with an explicit dtype).
-
-    Attributes:
-      params: actor-critic parameters.
-      opt_state: optax state (gradient clipping + Adam moments).
-      hparams: :class:`PPOHParams`.
-      env_state: batched env state ``[E]`` of the training environments.
-      obs: ``f32[E, D]`` current observations of the training environments.
-      steps: ``i32[]`` environment steps trained so far.
-      episodes: ``i32[]`` training episodes finished so far.
-    """
-
-    params: Any
-    opt_state: Any
-    hparams: PPOHParams
-    env_state: Any
-    obs: Array
-    steps: Array
-    episodes: Array
-
-
-@struct.dataclass
 class AgentState:
     """State of :class:`AgentGenerator`: the PPO state (the reward params come with every ``train`` call)."""
 
     ppo: PPOState
-
-
-@struct.dataclass
-class _Transition:
-    obs: Array
-    action: Array
-    logp: Array
-    value: Array
-    reward: Array
-    done: Array
 
 
 class AgentGenerator:
@@ -467,13 +241,10 @@ class AgentGenerator:
     steps up to whole PPO updates of ``num_envs * num_steps`` transitions, as
     Stable-Baselines3's ``learn`` does with whole rollouts.
 
-    Example::
-
-        env, p = make_env("cartpole")
-        gen = AgentGenerator(env, p, reward_apply, exploration_frac=0.05)
-        s = gen.init(0)
-        s = gen.train(s, key, 50_000, reward_params)
-        trajs = gen.sample(s, key, 2_000)       # f32 obs [N, 501, 4], true rews
+    For instance, with ``env, p = make_env("cartpole")``:
+    ``gen = AgentGenerator(env, p, reward_apply, exploration_frac=0.05)``, ``s = gen.init(0)``,
+    ``s = gen.train(s, key, 50_000, reward_params)`` and ``gen.sample(s, key, 2_000)`` (obs
+    ``f32[N, 501, 4]`` with the true rewards).
     """
 
     def __init__(
@@ -638,7 +409,7 @@ class AgentGenerator:
         return AgentState(ppo=ppo)
 
     # ---------------------------------------------------------------- training
-    def rollout(self, ppo: PPOState, key: Any, reward_params: Any = None) -> tuple[Any, Array, _Transition, Array]:
+    def rollout(self, ppo: PPOState, key: Any, reward_params: Any = None) -> tuple[Any, Array, Transition, Array]:
         """One training rollout of ``num_steps`` steps in the ``num_envs`` training environments.
 
         Args:
@@ -666,36 +437,13 @@ class AgentGenerator:
                 jax.random.split(k_env, cfg.num_envs), env_state, self._env_action(a), env_params
             )
             true_r = info["true_reward"] if self.env is not None else r
-            tr = _Transition(obs, a, logp, value, jnp.asarray(r, jnp.float32), jnp.asarray(done, bool))
+            tr = Transition(obs, a, logp, value, jnp.asarray(r, jnp.float32), jnp.asarray(done, bool))
             return (env_state, jnp.asarray(obs2, jnp.float32)), (tr, jnp.asarray(true_r, jnp.float32))
 
         (env_state, obs), (traj, true_r) = jax.lax.scan(
             step, (ppo.env_state, ppo.obs), jax.random.split(as_key(key), cfg.num_steps)
         )
         return env_state, obs, traj, true_r
-
-    def _gae(self, traj: _Transition, last_value, hp: PPOHParams):
-        def f(carry, t):
-            gae, next_value = carry
-            nonterm = 1.0 - t.done.astype(jnp.float32)
-            delta = t.reward + hp.gamma * next_value * nonterm - t.value
-            gae = delta + hp.gamma * hp.gae_lambda * nonterm * gae
-            return (gae, t.value), gae
-
-        _, adv = jax.lax.scan(f, (jnp.zeros_like(last_value), last_value), traj, reverse=True)
-        return adv, adv + traj.value
-
-    def _loss(self, params, batch, adv, targets, hp: PPOHParams):
-        out, log_std, value = self.network.apply(params, batch.obs)
-        logp, ent = _log_prob_entropy(out, log_std, batch.action, self.discrete)
-        ratio = jnp.exp(logp - batch.logp)
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        pg = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - hp.clip_eps, 1 + hp.clip_eps) * adv).mean()
-        v_clip = batch.value + jnp.clip(value - batch.value, -hp.vf_clip, hp.vf_clip)
-        vf_loss = jnp.square(value - targets)
-        vf_loss = jnp.where(hp.vf_clip > 0, jnp.maximum(vf_loss, jnp.square(v_clip - targets)), vf_loss)
-        vf = 0.5 * vf_loss.mean()
-        return pg + hp.vf_coef * vf - hp.ent_coef * ent.mean()
 
     def _update(self, ppo: PPOState, key, reward_params) -> PPOState:
         cfg = self.config
@@ -704,7 +452,7 @@ class AgentGenerator:
         lr = hp.current_learning_rate(ppo.steps)
         env_state, obs, traj, _ = self.rollout(ppo, k_roll, reward_params)
         _, _, last_value = self.network.apply(ppo.params, obs)
-        adv, targets = self._gae(traj, last_value, hp)
+        adv, targets = gae(traj, last_value, hp)
         n = cfg.batch_size
         flat = jax.tree.map(lambda x: x.reshape((n,) + x.shape[2:]), (traj, adv, targets))
 
@@ -717,7 +465,7 @@ class AgentGenerator:
             def mb_step(carry, mb):
                 params, opt_state = carry
                 batch, a, t = mb
-                grads = jax.grad(self._loss)(params, batch, a, t, hp)
+                grads = jax.grad(ppo_loss, argnums=2)(self.network, self.discrete, params, batch, a, t, hp)
                 updates, opt_state = self.tx.update(grads, opt_state, params)
                 params = jax.tree.map(lambda p, u: p - lr * u, params, updates)
                 return (params, opt_state), None

@@ -9,9 +9,11 @@ whole :class:`FragmentPairs` batches for a single net or an ensemble.
 
 Example::
 
-    probability(jnp.array([1., 2., 3.]), jnp.array([0., 1., 1.]))   # 0.9820138
-    probs, gt = preference_probabilities(net, params, pairs)          # f32[P] (or [P, M]), f32[P]
-    loss, metrics = cross_entropy_loss(probs, prefs)                  # metrics["accuracy"]
+    import jax.numpy as jnp
+    from jaxweight.preference import cross_entropy_loss, probability
+    p = probability(jnp.array([1., 2., 3.]), jnp.array([0., 1., 1.]))   # 0.9820138 (spec example 1)
+    loss, metrics = cross_entropy_loss(jnp.array([.5, .7, .2, .9]), jnp.array([.5, 1., 0., 0.]))
+    assert abs(float(p) - 0.9820138) < 1e-6 and float(metrics["accuracy"]) == 0.75
 
 References:
   Christiano et al. (2017), "Deep reinforcement learning from human preferences",
@@ -28,6 +30,7 @@ import jax.numpy as jnp
 
 from .._util import check_rank, check_same_shape, check_value, masked_mean
 from .data import FragmentPairs
+from .reward_nets import ensemble_apply
 
 Array = jax.Array
 
@@ -105,11 +108,8 @@ def fragment_rewards(module: nn.Module, params: Any, pairs: FragmentPairs, *, en
     Returns:
       ``f32[P, 2, L]``, or ``f32[P, 2, L, M]`` for an ensemble.
     """
-    inputs = pairs.transitions()
-    if ensemble:
-        out = jax.vmap(lambda p: module.apply(p, *inputs))(params)
-        return jnp.moveaxis(out, 0, -1).astype(jnp.float32)
-    return module.apply(params, *inputs).astype(jnp.float32)
+    r = ensemble_apply(module, params, *pairs.transitions(), stacked=ensemble)
+    return r if ensemble else r[..., 0]
 
 
 def preference_probabilities(

@@ -1,27 +1,17 @@
 """Reward networks in flax: imitation's ``BasicRewardNet`` and friends, ensembles as stacked params.
 
-- Spaces: a small description of our own (:class:`Box`, :class:`Discrete`,
-  :class:`MultiDiscrete`, :class:`MultiBinary`), hashable so it can sit in a
-  module's static fields; gymnax and gym/gymnasium spaces are converted by
-  :func:`as_space`. :func:`preprocess` follows stable-baselines3's
-  ``preprocess_obs`` (which imitation uses): Box -> float32 (images / 255),
-  Discrete -> one-hot, MultiDiscrete -> concatenated one-hots, MultiBinary -> float32.
-- :class:`RewardMLP`: ``BasicRewardNet`` (inputs state / action / next state /
-  done, flattened and concatenated in that order; ReLU MLP (32, 32); scalar output).
-- :class:`PotentialMLP`, :class:`ShapedRewardNet`, :func:`basic_shaped_reward_net`:
-  potential-based shaping ``r + gamma * (1 - done) * phi(s') - phi(s)`` (Ng et al. 1999).
-- Ensembles: :func:`ensemble_init` stacks the params of ``M`` independently
-  initialised members on a leading axis; :func:`ensemble_apply` runs all members
-  with ``jax.vmap`` (differentiable, unlike imitation's ``RewardEnsemble``);
-  :func:`ensemble_moments` / :func:`add_std` give imitation's
-  ``predict_reward_moments`` (variance with ddof=1) and ``AddSTDRewardWrapper``.
-- Reward normalisation for prediction only (imitation ``NormalizedRewardNet``
-  with ``RunningNorm`` or ``EMANorm``): :func:`reward_norm_init`,
-  :func:`reward_norm_update`, :func:`normalize_rewards`. Training always sees raw
-  rewards, as in imitation.
+Hashable spaces (:class:`Box`, :class:`Discrete`, ...; :func:`as_space` converts
+gym/gymnax ones) and :func:`preprocess` (stable-baselines3's ``preprocess_obs``);
+:class:`RewardMLP` (``BasicRewardNet``: state / action / next state / done,
+flattened and concatenated, ReLU MLP); potential shaping (:class:`ShapedRewardNet`);
+ensembles as member-stacked params: :func:`ensemble_init`, :func:`ensemble_apply`
+(the one way reward nets are applied, differentiable), :func:`ensemble_moments`
+(ddof 1), :func:`add_std`, :func:`ensemble_reward`.
 
 Example::
 
+    import jax.numpy as jnp
+    from jaxweight.preference import Box, Discrete, RewardMLP, ensemble_apply, ensemble_init, ensemble_moments
     net = RewardMLP(observation_space=Box((4,)), action_space=Discrete(2))
     inputs = (jnp.zeros((7, 4)), jnp.zeros((7,), jnp.int32), jnp.zeros((7, 4)), jnp.zeros((7,), bool))
     params = ensemble_init(0, net, inputs, num_members=5)     # leaves [5, ...]
@@ -38,16 +28,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
-from .._util import as_key, check_choice, check_static_int, check_value, concrete
+from .._util import as_key, check_static_int, check_value, concrete
 
 Array = jax.Array
 
@@ -72,11 +60,6 @@ __all__ = [
     "add_std",
     "ensemble_reward",
     "num_members",
-    "RewardNormState",
-    "reward_norm_init",
-    "reward_norm_update",
-    "reward_norm_apply",
-    "normalize_rewards",
 ]
 
 
@@ -484,21 +467,20 @@ def ensemble_init(key: Any, module: nn.Module, example_inputs: Sequence[Any], nu
     if num_members < 2:
         raise ValueError("Must be at least 2 member in the ensemble.")
     keys = jax.random.split(as_key(key), int(num_members))
-    return _ensemble_init_jit(module, keys, tuple(example_inputs))
-
-
-@partial(jax.jit, static_argnums=0)
-def _ensemble_init_jit(module, keys, example_inputs):
     return jax.vmap(lambda k: module.init(k, *example_inputs))(keys)
 
 
-def ensemble_apply(module: nn.Module, params: Any, *inputs: Any, chunk_size: int | None = None) -> Array:
+def ensemble_apply(module: nn.Module, params: Any, *inputs: Any, chunk_size: int | None = None,
+                   stacked: bool = True) -> Array:
     """Rewards of every member: ``f32[*batch, M]`` (member axis last, like imitation's
     ``predict_processed_all``). Differentiable with respect to ``params``.
 
+    The one way jaxweight applies reward nets: a single net is the case
+    ``stacked=False`` (one member, ``M = 1``).
+
     Args:
       module: reward module, called as ``module.apply(p, *inputs)``.
-      params: member-stacked params (leading axis ``M``).
+      params: member-stacked params (leading axis ``M``), or one net's params with ``stacked=False``.
       *inputs: the module's inputs; the batch shape is the shape of the last
         one (``done`` for reward modules).
       chunk_size: optional static row count. All members run at once under
@@ -506,7 +488,10 @@ def ensemble_apply(module: nn.Module, params: Any, *inputs: Any, chunk_size: int
         into chunks of that many rows and chunks and members are visited with
         ``lax.map``, which keeps the activations cache-sized: for 10^5 rows
         and 5 (32, 32) members this is several times faster on CPU.
+      stacked: ``params`` carry the member axis (``False``: a single net, ``M = 1``).
     """
+    if not stacked:
+        return jnp.asarray(module.apply(params, *inputs), jnp.float32)[..., None]
     if chunk_size is None:
         out = jax.vmap(lambda p: module.apply(p, *inputs))(params)
         return jnp.moveaxis(out, 0, -1)
@@ -561,21 +546,29 @@ def _add_std(mean: Array, var: Array, alpha: Any) -> Array:
     return jnp.asarray(mean, jnp.float32) + jnp.asarray(alpha, jnp.float32) * jnp.sqrt(jnp.maximum(var, 0.0))
 
 
-def ensemble_reward(module: nn.Module, params: Any, *inputs: Any, alpha: Any = 0.0) -> Array:
-    """Processed ensemble reward for the agent: ``add_std(*ensemble_moments(r), alpha)``.
+def ensemble_reward(module: nn.Module, params: Any, *inputs: Any, alpha: Any = 0.0, stacked: bool = True) -> Array:
+    """Processed ensemble reward for the agent: ``add_std(*ensemble_moments(r), alpha)`` of :func:`ensemble_apply`.
 
-    With ``alpha = 0`` this is the member mean (imitation's ``RewardEnsemble.predict``).
+    With ``alpha = 0`` this is the member mean (imitation's ``RewardEnsemble.predict``);
+    ``alpha=None`` gives the plain member mean without computing the variance.
+    A single net (``stacked=False``) gives its own reward (``alpha`` unused).
 
     Raises:
       ValueError: ``alpha`` NaN or infinite (see :func:`add_std`).
     """
-    check_value(alpha, "alpha")
-    return _ensemble_reward(module, params, inputs, alpha)
+    if alpha is not None:
+        check_value(alpha, "alpha")
+    return _ensemble_reward(module, params, inputs, alpha, stacked)
 
 
-def _ensemble_reward(module: nn.Module, params: Any, inputs: Sequence[Any], alpha: Any) -> Array:
+def _ensemble_reward(module: nn.Module, params: Any, inputs: Sequence[Any], alpha: Any, stacked: bool = True) -> Array:
     """:func:`ensemble_reward` with a checked ``alpha`` (the agent's per-step reward: no check in the hot loop)."""
-    return _add_std(*ensemble_moments(ensemble_apply(module, params, *inputs)), alpha)
+    r = ensemble_apply(module, params, *inputs, stacked=stacked)
+    if not stacked:
+        return r[..., 0]
+    if alpha is None:
+        return jnp.mean(r, axis=-1)
+    return _add_std(*ensemble_moments(r), alpha)
 
 
 def num_members(module: nn.Module, params: Any, example_inputs: Sequence[Any]) -> int | None:
@@ -597,109 +590,3 @@ def num_members(module: nn.Module, params: Any, example_inputs: Sequence[Any]) -
     if len(ms) == 1 and all(tuple(b.shape[1:]) == tuple(a.shape) for a, b in zip(s_leaves, p_leaves)):
         return int(ms.pop())
     raise ValueError("params are neither the params of module nor a member-stacked ensemble of them")
-
-
-# ---------------------------------------------------- reward normalisation
-@struct.dataclass
-class RewardNormState:
-    """Running statistics for normalising predicted rewards (imitation ``RunningNorm`` / ``EMANorm``).
-
-    Attributes:
-      mean, var: ``f32[]`` running mean and (population) variance; start at 0 and 1.
-      count: ``i32[]`` number of values seen.
-      inv_learning_rate: ``f32[]`` EMA only: ``sum_k decay**k`` over the batches seen.
-      num_batches: ``i32[]`` number of updates.
-      decay: ``f32[]`` EMA decay (a leaf, so it can be swept without recompiling).
-      kind: ``"running"`` (Chan et al. parallel update) or ``"ema"`` (static).
-    """
-
-    mean: Array
-    var: Array
-    count: Array
-    inv_learning_rate: Array
-    num_batches: Array
-    decay: Array
-    kind: str = struct.field(pytree_node=False, default="running")
-
-
-def reward_norm_init(kind: str = "running", decay: float = 0.99) -> RewardNormState:
-    """Identity normaliser (mean 0, var 1). ``kind``: ``"running"`` or ``"ema"``; ``0 < decay < 1``.
-
-    Raises:
-      ValueError: an unknown ``kind``; ``decay`` outside ``(0, 1)`` or NaN (also
-        through ``jaxweight.checked`` when traced).
-    """
-    check_choice(kind, "kind", ("running", "ema"))
-    check_value(decay, "decay", gt=0.0, lt=1.0)
-    return RewardNormState(
-        mean=jnp.zeros((), jnp.float32), var=jnp.ones((), jnp.float32), count=jnp.zeros((), jnp.int32),
-        inv_learning_rate=jnp.zeros((), jnp.float32), num_batches=jnp.zeros((), jnp.int32),
-        decay=jnp.asarray(decay, jnp.float32), kind=kind,
-    )
-
-
-def reward_norm_update(state: RewardNormState, batch: Array, mask: Array | None = None) -> RewardNormState:
-    """Fold a batch of rewards into the statistics (imitation ``update_stats``).
-
-    Args:
-      state: current statistics.
-      batch: ``f32[...]`` rewards (flattened).
-      mask: optional ``bool[...]``; only True entries count. Non-finite
-        entries never count. A batch without a (finite) entry leaves the state
-        exactly unchanged.
-    """
-    x = jnp.asarray(batch, jnp.float32).reshape(-1)
-    m = jnp.ones(x.shape, bool) if mask is None else jnp.broadcast_to(jnp.asarray(mask, bool), jnp.shape(batch)).reshape(-1)
-    m = m & jnp.isfinite(x)  # NaN / inf rewards never reach the statistics
-    x = jnp.where(m, x, 0.0)
-    n_i = jnp.sum(m, dtype=jnp.int32)
-    n = n_i.astype(jnp.float32)
-    safe_n = jnp.maximum(n, 1.0)
-    b_mean = jnp.sum(jnp.where(m, x, 0.0)) / safe_n
-    b_var = jnp.sum(jnp.where(m, jnp.square(x - b_mean), 0.0)) / safe_n
-    delta = b_mean - state.mean
-    if state.kind == "running":
-        old = state.count.astype(jnp.float32)
-        tot = old + n
-        safe_tot = jnp.maximum(tot, 1.0)
-        new_mean = state.mean + delta * n / safe_tot
-        new_var = (state.var * old + b_var * n + jnp.square(delta) * old * n / safe_tot) / safe_tot
-        new = state.replace(mean=new_mean, var=new_var, count=state.count + n_i, num_batches=state.num_batches + 1)
-    else:
-        inv_lr = state.inv_learning_rate + state.decay ** state.num_batches.astype(jnp.float32)
-        lr = 1.0 / inv_lr
-        new_mean = state.mean + lr * delta
-        new_var = state.var + lr * (b_var + (1.0 - lr) * jnp.square(delta) - state.var)
-        new = state.replace(
-            mean=new_mean, var=new_var, count=state.count + n_i, inv_learning_rate=inv_lr,
-            num_batches=state.num_batches + 1,
-        )
-    return jax.tree.map(lambda a, b: jnp.where(n_i > 0, a, b), new, state)
-
-
-def reward_norm_apply(state: RewardNormState, rewards: Array, eps: float = 1e-5) -> Array:
-    """``(r - mean) / sqrt(var + eps)``.
-
-    Raises:
-      ValueError: ``eps`` negative or NaN / inf (eagerly, or through ``jaxweight.checked`` when traced).
-    """
-    check_value(eps, "eps", ge=0.0)
-    return (jnp.asarray(rewards, jnp.float32) - state.mean) / jnp.sqrt(state.var + eps)
-
-
-def normalize_rewards(
-    state: RewardNormState, rewards: Array, mask: Array | None = None, update_stats: bool = True, eps: float = 1e-5
-) -> tuple[RewardNormState, Array]:
-    """imitation ``NormalizedRewardNet.predict_processed``: normalise with the current
-    statistics, then (optionally) update them with the raw rewards.
-
-    Returns:
-      ``(new_state, normalized f32[...])``.
-
-    Raises:
-      ValueError: ``eps`` negative or NaN / inf (see :func:`reward_norm_apply`).
-    """
-    out = reward_norm_apply(state, rewards, eps)
-    if update_stats:
-        state = reward_norm_update(state, rewards, mask)
-    return state, out

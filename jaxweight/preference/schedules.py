@@ -2,8 +2,10 @@
 
 Example::
 
-    allocate_comparisons(100, 5, 0.1, "hyperbolic")    # [10, 25, 20, 17, 15, 13]
-    oric(np.array([1.5, 1.5, 2.0]))                     # array([2, 1, 2]): keeps the sum 5
+    import numpy as np
+    from jaxweight.preference import allocate_comparisons, oric
+    assert allocate_comparisons(100, 5, 0.1, "hyperbolic") == [10, 25, 20, 17, 15, 13]
+    assert oric(np.array([1.5, 1.5, 2.0])).sum() == 5      # optimal rounding keeps the sum
 
 References:
   imitation ``PreferenceComparisons.train`` and ``util.oric``; optimal rounding

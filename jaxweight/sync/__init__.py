@@ -1,82 +1,43 @@
-"""Learner -> actor weight sync (torchrl ``UpdateWeights``) as one pure, jittable tick.
+"""Learner -> actor weight sync (torchrl ``UpdateWeights``) as one pure, jittable step.
 
 The data collector (the *actor*) acts with a copy of the policy that may live on
-other devices; every ``interval`` collected batches the learner's current
-weights are pushed to that copy. The component has the shape of every
-jaxweight part::
-
-    cfg = sync.config(interval, placement=None, update_map=None)   # frozen; interval an i32 leaf
-    state = sync.init(cfg)                                          # SyncState(counter, version, last_sync)
-    state, actor, fired = sync.tick(state, learner, actor, cfg)     # state, data, cfg (no key)
-    sync.metrics_dict(state)                                        # {"sync/version", "sync/staleness", "sync/counter"}
-
-Two modes:
-
-* **Same device** (``placement`` None, or outside jit equal to where the learner
-  leaves already are, and ``copy_on_same_device=False``): the actor reads the
-  learner params directly. The returned actor params *are* the learner params
-  on every tick, fired or not; nothing is copied (torchrl: the collector shares
-  the trainer's module). The counters still advance.
-* **Copy** (a ``placement`` elsewhere, or ``copy_on_same_device=True``): on a
-  fire the whole tree (parameters *and* buffers such as batch statistics) is
-  transferred with one ``jax.device_put``; between fires the actor keeps its
-  stale copy.
-
-The host hook :class:`WeightSync` and the jitted, donating :func:`donated_tick`
-call the same :func:`tick`. Files: ``core.py`` (config / state / tick),
-``paths.py`` (path grammar and update maps), ``placement.py`` (placement,
-transfer, donation), ``hook.py`` (the host hook).
+other devices; every ``interval`` collected batches the learner's weights are
+pushed to that copy with one ``jax.device_put`` (parameters *and* buffers).
+Without a placement the actor reads the learner params directly: no copy, and
+the counters still advance. :class:`WeightSync` is the host hook over the same
+:func:`step`; :func:`broadcast_weight_sync` its multi-host form. Files:
+``core.py`` (config / state / step), ``paths.py`` (update maps),
+``placement.py`` (placement and transfer), ``hook.py`` (host hooks).
 
 Example::
 
+    import jax, jax.numpy as jnp
     from jaxweight import sync
 
-    cfg = sync.config(4, placement=actor_device)
-    state = sync.init(cfg)
-    actor = sync.place(learner, actor_device)               # initial actor
-    for step in range(num_steps):
-        learner = train_step(learner, batch)
-        state, actor, fired = sync.tick(state, learner, actor, cfg)
-
-    # or, in a Python loop, the host hook:
-    hook = sync.WeightSync(4, placement=actor_device)
-    actor = hook(learner, actor)        # once per collected batch
-    hook.state_dict()                   # {"counter": .., "version": .., "last_sync": ..}
-
-Deprecated spellings (``DeprecationWarning``, same results): ``init_sync()``,
-``make_tick(interval, ...)`` and ``tick(state, learner, actor, interval,
-placement=None, update_map=None, copy_on_same_device=False)``.
-
-References:
-  torchrl, ``torchrl/trainers/trainers.py``, class ``UpdateWeights``
-  (https://github.com/pytorch/rl).
+    cfg = sync.config(2, placement=jax.devices()[-1], copy_on_same_device=True)   # every 2 steps
+    learner = {"w": jnp.zeros(4)}
+    state, actor = sync.init(cfg), sync.place(learner, jax.devices()[-1], copy=True)
+    for t in range(5):
+        learner = {"w": learner["w"] + 1.0}                  # an optimiser step
+        state, actor, fired = sync.step(state, learner, actor, cfg)
+    assert int(state.version) == 2 and float(actor["w"][0]) == 4.0   # last synced at step 4
+    logs = sync.metrics_dict(state)          # {"sync/version": 2.0, "sync/staleness": 1.0, ...}
 """
 
-from .core import (
-    DEFAULT_INTERVAL,
-    SyncConfig,
-    SyncState,
-    config,
-    donated_tick,
-    init,
-    init_sync,
-    make_tick,
-    metrics_dict,
-    staleness,
-    tick,
-)
-from .hook import WeightSync
-from .paths import UpdateMap, apply_update_map, freeze_update_map, parse_path, resolve_path  # noqa: F401
-from .placement import Placement, _bucket_fns, _shares_buffers, place  # noqa: F401 - the tests look at these
+from .core import DEFAULT_INTERVAL, SyncConfig, SyncState, config, init, metrics_dict, staleness, step
+from .hook import WeightSync, broadcast_weight_sync
+from .paths import UpdateMap, apply_update_map, freeze_update_map, parse_path, resolve_path
+from .placement import Placement, place
 
 __all__ = [
     "DEFAULT_INTERVAL",
     "SyncConfig",
     "SyncState",
+    "UpdateMap",
+    "Placement",
     "config",
     "init",
-    "tick",
-    "donated_tick",
+    "step",
     "staleness",
     "metrics_dict",
     "place",
@@ -85,7 +46,5 @@ __all__ = [
     "parse_path",
     "freeze_update_map",
     "WeightSync",
-    # deprecated
-    "init_sync",
-    "make_tick",
+    "broadcast_weight_sync",
 ]

@@ -1,13 +1,13 @@
-"""The pure pair of :mod:`jaxweight.sync`: ``config`` / ``init`` / ``tick``.
+"""The pure part of :mod:`jaxweight.sync`: ``config`` / ``init`` / ``step``.
 
 One implementation of the torchrl ``UpdateWeights`` counting and copying rule;
-:class:`~jaxweight.sync.WeightSync` (the host hook), :func:`donated_tick` (the
-jitted, donating path) and the deprecated spellings all call :func:`tick`.
+the host hook :class:`~jaxweight.sync.WeightSync`, jitted loops and the
+multi-device paths all call :func:`step`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -45,12 +45,9 @@ __all__ = [
     "SyncState",
     "config",
     "init",
-    "tick",
-    "donated_tick",
+    "step",
     "staleness",
     "metrics_dict",
-    "init_sync",
-    "make_tick",
 ]
 
 # torchrl's ``make_trainer`` registers ``UpdateWeights(collector, 1)``: sync after every batch.
@@ -99,15 +96,20 @@ def _placement(cfg: SyncConfig) -> Placement:
 class SyncConfig:
     """Settings of a weight sync; build it with :func:`config`.
 
+    The constructor (also through ``replace``) runs the checks of :func:`config`
+    on concrete values and freezes the placement and the update map.
+
     Attributes:
-      interval: i32[] ticks between syncs (>= 1). An array leaf: sweep or vmap
-        it, and a new value never recompiles a jitted tick.
+      interval: i32[] steps between syncs (>= 1). An array leaf: sweep or vmap
+        it, and a new value never recompiles a jitted step.
       placement: static; None, a ``jax.Device``, a ``jax.sharding.Sharding`` or
         (frozen, hashable) a pytree of Shardings matching the actor tree.
       update_map: static tuple of ``(dest_path, src_path)`` pairs, or None.
       copy_on_same_device: static; keep a delayed copy even without a placement.
-      donate: static; eager ticks free the replaced actor buffers before the
+      donate: static; eager steps free the replaced actor buffers before the
         transfer of a fire (the passed-in actor becomes invalid).
+      transport: static; None or a host callable ``(tree, placement) -> tree``
+        that replaces ``jax.device_put`` for fired copies (eager steps only).
     """
 
     interval: Array
@@ -115,10 +117,34 @@ class SyncConfig:
     update_map: tuple[tuple[str, str], ...] | None = struct.field(pytree_node=False, default=None)
     copy_on_same_device: bool = struct.field(pytree_node=False, default=False)
     donate: bool = struct.field(pytree_node=False, default=False)
+    transport: Callable[[Any, Any], Any] | None = struct.field(pytree_node=False, default=None)
+
+    def __post_init__(self):
+        # the checks of :func:`config`, also for a config built directly or by ``replace``;
+        # a traced interval (and jax's unflattening placeholders) is left to ``config``/checkify
+        iv = self.interval
+        if isinstance(iv, int | np.integer | np.ndarray | jax.Array) and not _is_tracer(iv):
+            if isinstance(iv, bool | np.bool_) or np.dtype(getattr(iv, "dtype", np.int64)).kind not in "iu":
+                raise ValueError(f"interval must be an integer >= 1, got {iv!r}")
+            _util.check_value(iv, "interval", ge=1, finite=False)
+            if np.any(np.asarray(iv) > 2**31 - 1):
+                raise ValueError(f"interval must be < 2**31 (an int32 counter), got {iv!r}")
+        object.__setattr__(self, "placement", _freeze_placement(self.placement))
+        umap = freeze_update_map(self.update_map)
+        if umap is not None:  # syntax and overlap checks up front
+            for d, s in umap:
+                parse_path(d), parse_path(s)
+            _checked_overlap(umap)
+        object.__setattr__(self, "update_map", umap)
+        for v, n in ((self.copy_on_same_device, "copy_on_same_device"), (self.donate, "donate")):
+            if not isinstance(v, bool | np.bool_):
+                raise ValueError(f"{n} must be a bool, got {v!r}")
+        if self.transport is not None and not callable(self.transport):
+            raise ValueError(f"transport must be a callable (tree, placement) -> tree, got {self.transport!r}")
 
 
 def _check_interval(interval: Any) -> Any:
-    """The interval as an i32[] leaf (NumPy when concrete: eager ticks read it for free)."""
+    """The interval as an i32[] leaf (NumPy when concrete: eager steps read it for free)."""
     if isinstance(interval, bool | np.bool_) or (
             hasattr(interval, "dtype") and np.dtype(interval.dtype).kind not in "iu"
     ) or not (hasattr(interval, "dtype") or isinstance(interval, int)):
@@ -141,11 +167,12 @@ def config(
     *,
     copy_on_same_device: bool = False,
     donate: bool = False,
+    transport: Callable[[Any, Any], Any] | None = None,
 ) -> SyncConfig:
     """Build a :class:`SyncConfig`; every check runs here.
 
     Args:
-      interval: int >= 1 (or an integer array / traced value): ticks between syncs.
+      interval: int >= 1 (or an integer array / traced value): steps between syncs.
       placement: where the actor lives: None (the learner's devices: the actor
         reads the learner params, no copy), a ``jax.Device``, a
         ``jax.sharding.Sharding`` (e.g. ``NamedSharding(actor_mesh, P())``) or a
@@ -154,9 +181,13 @@ def config(
         pairs (paths as in :func:`~jaxweight.sync.resolve_path`).
       copy_on_same_device: copy on fires even without a placement: the actor
         holds a delayed copy that only changes on fires.
-      donate: eager ticks delete the replaced actor buffers (those nothing else
+      donate: eager steps delete the replaced actor buffers (those nothing else
         uses) before a fired transfer, so the actor's devices never hold two
-        copies. Under jit use :func:`donated_tick`.
+        copies. Under jit donate the actor instead (``donate_argnums=2``).
+      transport: optional host callable ``(tree, placement) -> tree`` replacing
+        ``jax.device_put`` for fired copies (e.g. a broadcast from process 0,
+        :func:`~jaxweight.sync.broadcast_weight_sync`); every step is then in
+        copy mode, and only eager steps are possible.
 
     Returns:
       The frozen config (``interval`` is an i32[] leaf; the rest is static and hashable).
@@ -168,20 +199,14 @@ def config(
 
     Example::
 
-        cfg = sync.config(4, placement=jax.devices()[1])
+        import jax
+        from jaxweight import sync
+
+        cfg = sync.config(4, placement=jax.devices()[0])
+        assert int(cfg.interval) == 4
     """
-    iv = _check_interval(interval)
-    frozen = _freeze_placement(placement)
-    umap = freeze_update_map(update_map)
-    if umap is not None:  # syntax and overlap checks up front
-        for d, s in umap:
-            parse_path(d), parse_path(s)
-        _checked_overlap(umap)
-    for v, n in ((copy_on_same_device, "copy_on_same_device"), (donate, "donate")):
-        if not isinstance(v, bool | np.bool_):
-            raise ValueError(f"{n} must be a bool, got {v!r}")
-    return SyncConfig(interval=iv, placement=frozen, update_map=umap,
-                      copy_on_same_device=bool(copy_on_same_device), donate=bool(donate))
+    return SyncConfig(interval=_check_interval(interval), placement=placement, update_map=update_map,
+                      copy_on_same_device=copy_on_same_device, donate=donate, transport=transport)
 
 
 def _check_cfg(cfg: Any) -> None:
@@ -191,7 +216,7 @@ def _check_cfg(cfg: Any) -> None:
 
 # ==================================================================== state
 def staleness(state: SyncState) -> Array:
-    """i32[...] ``counter - last_sync``: ticks since the actor's weights were last synced.
+    """i32[...] ``counter - last_sync``: steps since the actor's weights were last synced.
 
     The one definition: :attr:`SyncState.staleness`, ``WeightSync.staleness`` and
     :func:`metrics_dict` all use it.
@@ -204,12 +229,12 @@ class SyncState:
     """Counters of a weight sync.
 
     Attributes:
-      counter: i32[] ticks so far (collected batches).
+      counter: i32[] steps so far (collected batches).
       version: i32[] number of syncs that fired.
       last_sync: i32[] ``counter`` at the last fire (0 if none).
 
-    Eager ticks keep the counters as NumPy ``int32`` scalars (no device round
-    trip per tick); under jit they are jax arrays. Both checkpoint the same.
+    Eager steps keep the counters as NumPy ``int32`` scalars (no device round
+    trip per step); under jit they are jax arrays. Both checkpoint the same.
     """
 
     counter: Array
@@ -218,7 +243,7 @@ class SyncState:
 
     @property
     def staleness(self) -> Array:
-        """i32[] ticks since the actor's weights were last synced (:func:`staleness`)."""
+        """i32[] steps since the actor's weights were last synced (:func:`staleness`)."""
         return staleness(self)
 
 
@@ -235,12 +260,6 @@ def init(cfg: SyncConfig) -> SyncState:
         keeps the ``init(cfg)`` shape of every jaxweight component).
     """
     _check_cfg(cfg)
-    return _zeros()
-
-
-def init_sync() -> SyncState:
-    """Deprecated: use ``sync.init(cfg)``."""
-    _util.warn_deprecated("jaxweight.sync.init_sync()", "jaxweight.sync.init(cfg)")
     return _zeros()
 
 
@@ -262,14 +281,14 @@ def _check_state(state: Any) -> None:
         if np.ndim(getattr(state, name)) != 0:
             raise ValueError(
                 f"state.{name} must be a scalar i32[], got shape {np.shape(getattr(state, name))}; "
-                "use jax.vmap(tick, ...) for a batch of SyncStates"
+                "use jax.vmap(step, ...) for a batch of SyncStates"
             )
 
 
-# ===================================================================== tick
+# ===================================================================== step
 def _count(c: Any, v: Any, s: Any, interval: Any) -> tuple[Any, Any, Any, Any]:
     """THE counting rule: ``counter += 1``; on a multiple of ``interval``: ``version += 1``,
-    ``last_sync = counter``. On host ints (eager ticks, the host hook) or traced i32[] alike."""
+    ``last_sync = counter``. On host ints (eager steps, the host hook) or traced i32[] alike."""
     c = c + 1
     fired = c % interval == 0
     if isinstance(fired, bool):
@@ -317,7 +336,7 @@ def _like(new: Any, old: Any) -> Any:
 
 
 _TRUE, _FALSE = np.asarray(True), np.asarray(False)
-_TRUE.flags.writeable = _FALSE.flags.writeable = False  # shared by every eager tick
+_TRUE.flags.writeable = _FALSE.flags.writeable = False  # shared by every eager step
 
 
 def _host_scalar(x: Any) -> bool:
@@ -325,10 +344,10 @@ def _host_scalar(x: Any) -> bool:
 
 
 def _actor_update(learner: Any, actor: Any, cfg: SyncConfig, placement: Placement, fired: Any,
-                  counters_traced: bool, transport=None) -> Any:
-    """The copying rule: the new actor params for a tick whose fire flag is ``fired``
-    (a host bool, or a traced ``bool[]``); ``transport`` replaces ``jax.device_put`` on eager fires."""
-    update_map = cfg.update_map
+                  counters_traced: bool) -> Any:
+    """The copying rule: the new actor params for a step whose fire flag is ``fired``
+    (a host bool, or a traced ``bool[]``); ``cfg.transport`` replaces ``jax.device_put`` on fires."""
+    update_map, transport = cfg.update_map, cfg.transport
     if transport is None and _same_device_mode(learner, update_map, placement, cfg.copy_on_same_device,
                                                counters_traced):
         if update_map is None:
@@ -337,6 +356,9 @@ def _actor_update(learner: Any, actor: Any, cfg: SyncConfig, placement: Placemen
         return apply_update_map(actor, learner, update_map)
 
     if counters_traced or any(_is_tracer(x) for x in jax.tree_util.tree_leaves((learner, actor))):
+        if transport is not None:
+            raise ValueError("a sync config with a transport runs on the host: call sync.step eagerly "
+                             "(not under jax.jit / vmap), e.g. through WeightSync")
         # validate once, outside the branches, so errors surface at trace time
         _pull_sources(actor, learner, update_map, placement, lambda t, p: t)
 
@@ -356,7 +378,7 @@ def _actor_update(learner: Any, actor: Any, cfg: SyncConfig, placement: Placemen
 
     if fired:
         return _pull_sources(actor, learner, update_map, placement, transport or _transfer, free_old=cfg.donate)
-    # validate on every tick, not only on fires
+    # validate on every step, not only on fires
     if update_map is None:
         _check_same_tree(learner, actor, "learner_params", "actor_params")
     else:
@@ -364,30 +386,8 @@ def _actor_update(learner: Any, actor: Any, cfg: SyncConfig, placement: Placemen
     return actor
 
 
-def _tick(state: SyncState, learner: Any, actor: Any, cfg: SyncConfig):
-    """The one tick: :func:`_count` (or its traced form) then :func:`_actor_update`."""
-    # cheap checks first: an eager tick must cost a few microseconds beyond the tree check
-    if type(cfg) is not SyncConfig:
-        _check_cfg(cfg)
-    c0, v0, s0 = (state.counter, state.version, state.last_sync) if type(state) is SyncState else (None,) * 3
-    on_host = _host_scalar(c0) and _host_scalar(v0) and _host_scalar(s0)
-    if not on_host:
-        _check_state(state)
-    placement = _placement(cfg)
-    iv = _interval_now(cfg.interval)
-    counters_traced = iv is None or (not on_host and any(_is_tracer(x) for x in (c0, v0, s0)))
-    if counters_traced:
-        new_state, fired = _advance_traced(state, cfg.interval if iv is None else iv)
-    else:
-        # counters that are concrete (also inside a trace that closes over them) advance on the host
-        c, v, s, f = _count(*((int(c0), int(v0), int(s0)) if on_host else _host_counters(state)), iv)
-        new_state, fired = _host_state(c, v, s), (_TRUE if f else _FALSE)
-    new_actor = _actor_update(learner, actor, cfg, placement, fired, counters_traced)
-    return new_state, new_actor, fired
-
-
-def tick(state: SyncState, learner_params: Any, actor_params: Any, cfg: SyncConfig = None, *legacy: Any,
-         **legacy_kw: Any) -> tuple[SyncState, Any, Array]:
+def step(state: SyncState, learner_params: Any, actor_params: Any,
+         cfg: SyncConfig) -> tuple[SyncState, Any, Array]:
     """Count one collected batch and sync the actor's weights when it fires.
 
     ``counter += 1``; the sync fires when the new counter is a multiple of
@@ -397,19 +397,19 @@ def tick(state: SyncState, learner_params: Any, actor_params: Any, cfg: SyncConf
 
     *Same-device mode* (``cfg.placement`` None, or, outside jit, equal to where
     the learner leaves already are; and ``copy_on_same_device=False``): the
-    returned actor params *are* ``learner_params`` on every tick, fired or not
+    returned actor params *are* ``learner_params`` on every step, fired or not
     (with a map: the mapped subtrees alias the learner's leaves). Nothing is
     copied and the actor sees every optimiser update at once (torchrl: the
     collector shares the trainer's module); the counters still advance.
 
     Jittable (``cfg`` may be a jit argument: ``interval`` is a leaf, the rest
-    static) and vmappable over independent states (and stacked configs).
-    Eager ticks keep the counters on the host (NumPy ``int32``) and dispatch
-    nothing unless a sync fires. Inside jit a placement acts as a sharding
-    constraint and the copy runs under ``lax.cond``, only when it fires; every
-    array of one jitted call must live on the same devices, so a sync *between*
-    device sets (learner mesh -> actor mesh) is an eager tick (one
-    ``device_put`` of the whole tree) or :class:`~jaxweight.sync.WeightSync`.
+    static; donate the actor with ``donate_argnums=2`` in copy mode) and
+    vmappable over independent states. Eager steps keep the counters on the
+    host (NumPy ``int32``) and dispatch nothing unless a sync fires. Inside jit
+    a placement acts as a sharding constraint and the copy runs under
+    ``lax.cond``, only when it fires; every array of one jitted call must live
+    on the same devices, so a sync *between* device sets (learner mesh ->
+    actor mesh) is an eager step (one ``device_put`` of the whole tree).
 
     Args:
       state: the :class:`SyncState` (scalar leaves; ``jax.vmap`` for several).
@@ -429,132 +429,35 @@ def tick(state: SyncState, learner_params: Any, actor_params: Any, cfg: SyncConf
 
     Example::
 
-        cfg = sync.config(3, placement=jax.devices()[1])
-        state, actor = sync.init(cfg), sync.place(learner, jax.devices()[1])
-        state, actor, fired = sync.tick(state, learner, actor, cfg)   # fires on ticks 3, 6, 9, ...
+        import jax.numpy as jnp
+        from jaxweight import sync
 
-    The old spelling ``tick(state, learner, actor, interval, placement=None,
-    update_map=None, copy_on_same_device=False, *, donate_actor=False)`` still
-    works with a ``DeprecationWarning``.
+        cfg = sync.config(3, copy_on_same_device=True)
+        state, learner = sync.init(cfg), {"w": jnp.zeros(2)}
+        actor = sync.place(learner, copy=True)
+        fires = []
+        for t in range(6):
+            learner = {"w": learner["w"] + 1}
+            state, actor, fired = sync.step(state, learner, actor, cfg)
+            fires.append(bool(fired))
+        assert fires == [False, False, True, False, False, True] and int(state.version) == 2
     """
-    if isinstance(cfg, SyncConfig) and not legacy and not legacy_kw:
-        return _tick(state, learner_params, actor_params, cfg)
-    if isinstance(cfg, SyncConfig):
-        raise TypeError("tick(state, learner_params, actor_params, cfg) takes no further arguments")
-    head = () if cfg is None else (cfg,)
-    return _tick_legacy(state, learner_params, actor_params, *head, *legacy, **legacy_kw)
-
-
-_LEGACY_NAMES = ("interval", "placement", "update_map", "copy_on_same_device")
-
-
-def _tick_legacy(state, learner_params, actor_params, interval=None, *args, **kw):
-    _util.warn_deprecated(
-        "jaxweight.sync.tick(state, learner, actor, interval, placement, update_map, ...)",
-        "jaxweight.sync.tick(state, learner, actor, sync.config(interval, placement, update_map))")
-    opts: dict[str, Any] = dict(zip(_LEGACY_NAMES[1:], args))
-    if len(args) > 3:
-        raise TypeError("tick() got too many positional arguments")
-    donate = bool(kw.pop("donate_actor", False))
-    if "interval" in kw:
-        if interval is not None:
-            raise TypeError("tick() got multiple values for argument 'interval'")
-        interval = kw.pop("interval")
-    for k in list(kw):
-        if k not in _LEGACY_NAMES[1:]:
-            raise TypeError(f"tick() got an unexpected keyword argument {k!r}")
-        opts[k] = kw.pop(k)
-    if interval is None:
-        raise TypeError("tick() missing its cfg argument (sync.config(interval, ...))")
-    cfg = config(interval, opts.get("placement"), opts.get("update_map"),
-                 copy_on_same_device=bool(opts.get("copy_on_same_device", False)), donate=donate)
-    return _tick(state, learner_params, actor_params, cfg)
-
-
-# ============================================================ jitted paths
-def _tick_pure(state, learner_params, actor_params, cfg):
-    return _tick(state, learner_params, actor_params, cfg)
-
-
-_tick_jit = jax.jit(_tick_pure)
-_tick_jit_donating = jax.jit(_tick_pure, donate_argnames=("actor_params",))
-
-
-def donated_tick(state: SyncState, learner_params: Any, actor_params: Any,
-                 cfg: SyncConfig) -> tuple[SyncState, Any, Array]:
-    """``jax.jit(tick)`` with the old actor donated: the documented jitted path.
-
-    In copy mode (a placement or ``copy_on_same_device``) the actor buffers are
-    donated: between fires they are passed through in place, on a fire the new
-    weights are written into the old actor's memory, so the actor's devices
-    never hold two copies. An actor that still shares buffers with the learner
-    (``place`` of a tree already at the placement) is not donated (that would
-    delete the learner's weights). One compilation per config layout; a new
-    ``interval`` value compiles nothing. All arguments must live on the jitted
-    computation's devices (e.g. one mesh); between device sets use :func:`tick`
-    eagerly or :class:`~jaxweight.sync.WeightSync`.
-
-    Example::
-
-        cfg = sync.config(4, placement=NamedSharding(mesh, P()))
-        state, actor, fired = sync.donated_tick(state, learner, actor, cfg)   # old actor donated
-    """
-    _check_cfg(cfg)
-    if not (cfg.copy_on_same_device or cfg.placement is not None):
-        return _tick_jit(state, learner_params, actor_params, cfg)
-    leaves = jax.tree_util.tree_leaves(actor_params)
-    # XLA refuses (and may crash on) a donated buffer that is also passed as another
-    # argument, e.g. an actor that still aliases the learner after place()
-    if any(_is_tracer(x) or not isinstance(x, jax.Array) for x in leaves) or _shares_buffers(
-            actor_params, learner_params):
-        return _tick_jit(state, learner_params, actor_params, cfg)
-    return _tick_jit_donating(state, learner_params, actor_params, cfg)
-
-
-def make_tick(interval: int, placement: Placement = None, update_map: UpdateMap | None = None,
-              copy_on_same_device: bool = False, *, donate: bool = True):
-    """Deprecated: use ``sync.donated_tick(state, learner, actor, sync.config(...))`` (or ``jax.jit(sync.tick)``)."""
-    _util.warn_deprecated("jaxweight.sync.make_tick(interval, ...)",
-                          "jaxweight.sync.donated_tick(state, learner, actor, sync.config(interval, ...))")
-    cfg = config(interval, placement, update_map, copy_on_same_device=copy_on_same_device)
-    _util.check_value(cfg.interval, "interval", ge=1, finite=False, static=True)  # captured by the returned closure
-    run = donated_tick if donate else _tick_jit
-
-    def step(state, learner_params, actor_params):
-        return run(state, learner_params, actor_params, cfg)
-
-    return step
-
-
-def _check_load(d: Any) -> tuple[int, int, int]:
-    """Counters from a ``state_dict`` (this class's or torchrl's), refusing malformed input."""
-    if not isinstance(d, Mapping):
-        raise _util.StateFileError(
-            f"WeightSync.load_state_dict: expected a mapping like {{'counter': int, 'version': int, "
-            f"'last_sync': int}}, got {type(d).__name__}")
-    if "counter" not in d:
-        raise _MissingCounter(f"WeightSync.load_state_dict: state dict has no 'counter' entry "
-                              f"(keys: {sorted(map(str, d))})")
-    last = d.get("last_sync", d.get("last_update_count", 0))
-    vals = []
-    for name, v in (("counter", d["counter"]), ("version", d.get("version", 0)), ("last_sync", last)):
-        try:
-            a = np.asarray(jax.device_get(v))
-        except Exception:  # noqa: BLE001 - anything unreadable is malformed
-            a = np.asarray(None, object)
-        if (isinstance(v, bool | np.bool_) or a.ndim != 0 or not np.issubdtype(a.dtype, np.integer)
-                or a < 0 or a > 2**31 - 1):
-            raise _util.StateFileError(
-                f"WeightSync.load_state_dict: entry {name!r} must be a non-negative int < 2**31, got {v!r}")
-        vals.append(int(a))
-    if vals[2] > vals[0]:
-        raise _util.StateFileError(
-            f"WeightSync.load_state_dict: last_sync ({vals[2]}) must be <= counter ({vals[0]})")
-    return vals[0], vals[1], vals[2]
-
-
-class _MissingCounter(_util.StateFileError, KeyError):
-    """A state dict without ``"counter"``: a ``StateFileError`` and, as the spec says, a ``KeyError``."""
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return str(self.args[0]) if self.args else ""
+    learner, actor = learner_params, actor_params
+    # cheap checks first: an eager step must cost a few microseconds beyond the tree check
+    if type(cfg) is not SyncConfig:
+        _check_cfg(cfg)
+    c0, v0, s0 = (state.counter, state.version, state.last_sync) if type(state) is SyncState else (None,) * 3
+    on_host = _host_scalar(c0) and _host_scalar(v0) and _host_scalar(s0)
+    if not on_host:
+        _check_state(state)
+    placement = _placement(cfg)
+    iv = _interval_now(cfg.interval)
+    counters_traced = iv is None or (not on_host and any(_is_tracer(x) for x in (c0, v0, s0)))
+    if counters_traced:
+        new_state, fired = _advance_traced(state, cfg.interval if iv is None else iv)
+    else:
+        # counters that are concrete (also inside a trace that closes over them) advance on the host
+        c, v, s, f = _count(*((int(c0), int(v0), int(s0)) if on_host else _host_counters(state)), iv)
+        new_state, fired = _host_state(c, v, s), (_TRUE if f else _FALSE)
+    new_actor = _actor_update(learner, actor, cfg, placement, fired, counters_traced)
+    return new_state, new_actor, fired

@@ -45,7 +45,9 @@ def parse_path(path: str) -> tuple[str | int, ...]:
 
     Example::
 
-        parse_path("policy.layers[0].kernel") == ("policy", "layers", 0, "kernel")
+        from jaxweight.sync import parse_path
+
+        assert parse_path("policy.layers[0].kernel") == ("policy", "layers", 0, "kernel")
     """
     if not isinstance(path, str):
         raise ValueError(f"path must be a str, got {type(path).__name__}")
@@ -149,7 +151,11 @@ def resolve_path(tree: Any, path: str) -> Any:
 
     Example::
 
-        resolve_path({"policy": {"layers": [{"kernel": w}]}}, "policy.layers[0].kernel") is w
+        import jax.numpy as jnp
+        from jaxweight.sync import resolve_path
+
+        w = jnp.ones(2)
+        assert resolve_path({"policy": {"layers": [{"kernel": w}]}}, "policy.layers[0].kernel") is w
     """
     node = tree
     for comp in parse_path(path):
@@ -237,7 +243,7 @@ def _same_tree_fast(a: Any, b: Any) -> bool:
         if x is y:
             continue
         # jax arrays and tracers carry their aval as a plain attribute: cheaper than the
-        # .shape / .dtype properties, which matters on every same-device tick
+        # .shape / .dtype properties, which matters on every same-device step
         ax, ay = getattr(x, "aval", x), getattr(y, "aval", y)
         try:
             if ax.shape != ay.shape or ax.dtype != ay.dtype:
@@ -331,7 +337,13 @@ def apply_update_map(actor_tree: Any, learner_tree: Any, update_map: UpdateMap) 
 
     Example::
 
+        import jax.numpy as jnp
+        from jaxweight.sync import apply_update_map
+
+        learner = {"loss_module": {"actor_network": {"w": jnp.ones(2)}, "critic": {"w": jnp.ones(3)}}}
+        actor = {"policy": {"w": jnp.zeros(2)}, "step": jnp.zeros(())}
         actor = apply_update_map(actor, learner, {"policy": "loss_module.actor_network"})
+        assert float(actor["policy"]["w"][0]) == 1.0 and float(actor["step"]) == 0.0
     """
     entries = _checked_entries(actor_tree, learner_tree, update_map)
     out = actor_tree

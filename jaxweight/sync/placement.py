@@ -170,11 +170,15 @@ def place(tree: Any, placement: Placement = None, *, copy: bool = False) -> Any:
       tree: the learner params.
       placement: None, a Device, a Sharding or a pytree of Shardings.
       copy: always return fresh buffers (for ``copy_on_same_device`` actors, or
-        an actor that :func:`~jaxweight.sync.donated_tick` may donate).
+        an actor that a jitted :func:`~jaxweight.sync.step` may donate).
 
     Example::
 
-        actor = place(learner, jax.devices()[1])
+        import jax, jax.numpy as jnp
+        from jaxweight import sync
+
+        actor = sync.place({"w": jnp.ones(3)}, jax.devices()[-1])   # one device_put of the whole tree
+        assert actor["w"].devices() == {jax.devices()[-1]}
     """
     _check_placement(placement)
     if copy:

@@ -12,9 +12,12 @@ import jaxweight
 from jaxweight import StateFileError, checkpoint
 from jaxweight import preference as pf
 from jaxweight.demos import preferences as demo
+from jaxweight.preference import driver as dr
 from jaxweight.preference import loop as lp
+from jaxweight.preference.evaluation import preference_accuracy
 from jaxweight.preference.envs import make_env, reward_net
-from jaxweight.preference.generators import AgentGenerator, DatasetGenerator, PPOConfig, PPOHParams
+from jaxweight.preference.generators import AgentGenerator, DatasetGenerator
+from jaxweight.preference.ppo import PPOConfig, PPOHParams
 
 
 def _trajs(n=6, horizon=30, seed=0):
@@ -33,7 +36,7 @@ def _loop(trajs=None, **kw):
     args = dict(num_iterations=2, fragment_length=5, initial_epoch_multiplier=2.0, sample=False,
                 reward_trainer=pf.RewardTrainer(NET, num_members=2))
     args.update(kw)
-    return lp.PreferenceComparisons(DatasetGenerator(_trajs() if trajs is None else trajs), NET, **args)
+    return dr.PreferenceComparisons(DatasetGenerator(_trajs() if trajs is None else trajs), NET, **args)
 
 
 # ------------------------------------------------------------------ configuration
@@ -76,7 +79,7 @@ AGENT_CASES = [
                                                                                num_minibatches=3)),
      "must be a multiple of config.num_minibatches"),
     (lambda: AgentGenerator(*make_env("cartpole", horizon=20), config=PPOConfig(num_envs=0)), "num_envs must be >= 1"),
-    (lambda: lp.PreferenceComparisons(AgentGenerator(*make_env("cartpole", horizon=20)), NET, 2, fragment_length=21),
+    (lambda: dr.PreferenceComparisons(AgentGenerator(*make_env("cartpole", horizon=20)), NET, 2, fragment_length=21),
      "fragment_length 21 is longer than the generator's episodes (at most 20 steps)"),
 ]
 
@@ -93,7 +96,8 @@ def _message(fn, *args):
     return str(info.value).split(" (`check` failed)")[0].strip()
 
 
-# LoopHParams are array leaves (sweepable): the same message eagerly and through checked(jit)
+# the loop's hyperparameters are array leaves of its config (sweepable): the same message eagerly
+# (config and the class) and through checked(jit)
 LOOP_HP = [
     ("temperature", -1.0, "temperature must be finite and >= 0.0, got -1.0"),
     ("temperature", float("nan"), "temperature must be finite and >= 0.0, got nan"),
@@ -105,18 +109,20 @@ LOOP_HP = [
 
 @pytest.mark.parametrize("name,value,match", LOOP_HP, ids=[f"{n}={v}" for n, v, _ in LOOP_HP])
 def test_loop_hparams_eager_and_checked_jit_agree(name, value, match):
-    eager = _message(lambda: lp.LoopHParams.create(**{name: value}))
+    gen = DatasetGenerator(_trajs())
+    eager = _message(lambda: lp.config(gen, NET, 2, 0, 20, fragment_length=5, **{name: value}))
     assert eager == match
+    assert _message(lambda: lp.LoopConfig(2, **{name: value})) == match
     assert _message(lambda: _loop(**{name: value})) == match
-    jitted = _message(jaxweight.checked(jax.jit(lambda v: getattr(lp.LoopHParams.create(**{name: v}), name))),
-                      jnp.float32(value))
+    jitted = _message(jaxweight.checked(jax.jit(
+        lambda v: getattr(lp.config(gen, NET, 2, 0, 20, fragment_length=5, **{name: v}), name))), jnp.float32(value))
     assert jitted == eager
 
 
-def test_loop_hparams_create_builds_f32_leaves():
-    hp = jaxweight.checked(jax.jit(lambda t: lp.LoopHParams.create(temperature=t, alpha=-0.5)))(jnp.float32(2.0))
-    assert (float(hp.temperature), float(hp.discount), float(hp.threshold), float(hp.alpha)) == (2.0, 1.0, 50.0, -0.5)
-    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(hp))
+def test_loop_config_builds_f32_leaves():
+    cfg = lp.config(DatasetGenerator(_trajs()), NET, 2, 0, 20, fragment_length=5, temperature=2.0, alpha=-0.5)
+    assert (float(cfg.temperature), float(cfg.discount), float(cfg.threshold), float(cfg.alpha)) == (2.0, 1.0, 50.0, -0.5)
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(cfg))
 
 
 @pytest.mark.parametrize("value,match", [(1.5, "discount must be finite and in [0.0, 1.0], got 1.5"),
@@ -124,9 +130,9 @@ def test_loop_hparams_create_builds_f32_leaves():
 def test_preference_accuracy_discount_eager_and_checked_jit_agree(value, match):
     pairs = pf.random_fragments(0, _trajs(n=4, horizon=6), 3, 4)
     params = NET.init(jax.random.key(0), *pf.example_inputs(pairs))
-    eager = _message(lambda: lp.preference_accuracy(NET, params, pairs, discount=value))
+    eager = _message(lambda: preference_accuracy(NET, params, pairs, discount=value))
     assert eager == match
-    run = jaxweight.checked(jax.jit(lambda d: lp.preference_accuracy(NET, params, pairs, discount=d)[0]))
+    run = jaxweight.checked(jax.jit(lambda d: preference_accuracy(NET, params, pairs, discount=d)[0]))
     assert _message(run, jnp.float32(value)) == eager
 
 
@@ -138,13 +144,13 @@ _ENV20 = make_env("cartpole", horizon=20)
 # host settings (stored as Python numbers / part of the static config): refused eagerly, and a traced
 # value is a ValueError naming it instead of a ConcretizationTypeError
 HOST = [
-    ("transition_oversampling", lambda v: _zero(lp.loop_config(2, transition_oversampling=v)), 0.5,
+    ("transition_oversampling", lambda v: _zero(lp.LoopConfig(2, transition_oversampling=v)), 0.5,
      "transition_oversampling must be finite and >= 1.0, got 0.5", "finite and >= 1.0"),
-    ("initial_comparison_frac", lambda v: _zero(lp.loop_config(2, initial_comparison_frac=v)), float("nan"),
+    ("initial_comparison_frac", lambda v: _zero(lp.LoopConfig(2, initial_comparison_frac=v)), float("nan"),
      "initial_comparison_frac must be finite and in [0.0, 1.0], got nan", "finite and in [0.0, 1.0]"),
-    ("initial_epoch_multiplier", lambda v: _zero(lp.loop_config(2, initial_epoch_multiplier=v)), -1.0,
+    ("initial_epoch_multiplier", lambda v: _zero(lp.LoopConfig(2, initial_epoch_multiplier=v)), -1.0,
      "initial_epoch_multiplier must be finite and >= 0.0, got -1.0", "finite and >= 0.0"),
-    ("active_sample_factor", lambda v: _zero(lp.loop_config(2, active_sample_factor=v)), float("inf"),
+    ("active_sample_factor", lambda v: _zero(lp.LoopConfig(2, active_sample_factor=v)), float("inf"),
      "active_sample_factor must be finite and >= 1.0, got inf", "finite and >= 1.0"),
     ("exploration_frac", lambda v: _zero(AgentGenerator(*_ENV20, exploration_frac=v)), 1.5,
      "exploration_frac must be finite and in [0.0, 1.0], got 1.5", "finite and in [0.0, 1.0]"),
@@ -200,21 +206,21 @@ def saved(tmp_path):
     pc = _loop()
     plan = pc.plan(T, C)
     state = pc.init_run(0, T, C)
-    checkpoint.save(tmp_path / lp.CHECKPOINT_NAME, state,
+    checkpoint.save(tmp_path / dr.CHECKPOINT_NAME, state,
                     metadata={"fingerprint": pc.fingerprint(plan, None), "history": [], "rounds_done": 0})
     return tmp_path
 
 
 CHANGES = [
-    (dict(temperature=2.0), ["hparams/temperature"]),
-    (dict(discount=0.9), ["hparams/discount"]),
-    (dict(alpha=1.0), ["hparams/alpha"]),
+    (dict(temperature=2.0), ["loop/temperature"]),
+    (dict(discount=0.9), ["loop/discount"]),
+    (dict(alpha=1.0), ["loop/alpha"]),
     (dict(reward_trainer=pf.RewardTrainer(NET, num_members=2, learning_rate=5e-3)), ["reward/learning_rate"]),
     (dict(reward_trainer=pf.RewardTrainer(NET, num_members=2, noise_prob=0.1)), ["reward/noise_prob"]),
     (dict(reward_trainer=pf.RewardTrainer(NET, num_members=2, epochs=2)), ["reward/epochs", "plan/epochs"]),
     (dict(initial_comparison_frac=0.5), ["loop/initial_comparison_frac", "plan/schedule"]),
     (dict(temperature=0.5, reward_trainer=pf.RewardTrainer(NET, num_members=2, weight_decay=0.0)),
-     ["hparams/temperature", "reward/weight_decay"]),
+     ["loop/temperature", "reward/weight_decay"]),
     (dict(trajs=_trajs(seed=1)), ["generator/sha256"]),
 ]
 
@@ -240,13 +246,14 @@ def test_resume_with_the_same_settings_is_accepted(saved):
     assert _loop().check_checkpoint(saved, T, C) == []
 
 
-def test_override_replaces_the_saved_hyperparameters(saved):
+def test_override_resumes_with_the_new_hyperparameters(saved):
     pc = _loop(temperature=3.0, reward_trainer=pf.RewardTrainer(NET, num_members=2, learning_rate=2e-3))
-    target = jax.eval_shape(pc._init_fn(pc.plan(T, C).capacity, False), jax.random.key(0))
-    state, _, note = pc._load(saved / lp.CHECKPOINT_NAME, pc.fingerprint(pc.plan(T, C)), target, True)
-    assert float(state.hparams.temperature) == 3.0
-    assert float(state.reward.hparams.learning_rate) == pytest.approx(2e-3)
-    assert note["round"] == 0 and len(note["changed"]) == 2
+    changed = pc.check_checkpoint(saved, T, C, allow_changed=True)
+    assert [c.split(" (")[0] for c in changed] == ["loop/temperature", "reward/learning_rate"]
+    pc.train(0, T, C, checkpoint_dir=saved, resume=True, allow_changed=True)
+    assert pc.overrides[-1]["round"] == 0 and len(pc.overrides[-1]["changed"]) == 2
+    # the settings live in the config, which the resumed run used
+    assert float(pc.config.temperature) == 3.0 and float(pc.config.trainer.learning_rate) == pytest.approx(2e-3)
 
 
 def test_shape_changes_cannot_be_overridden(saved):
@@ -265,7 +272,7 @@ BAD_FILES = [
 
 @pytest.mark.parametrize("content,match", BAD_FILES, ids=["garbage", "truncated", "bitflip", "foreign"])
 def test_damaged_or_foreign_checkpoints_raise_state_file_error(saved, content, match):
-    path = saved / lp.CHECKPOINT_NAME
+    path = saved / dr.CHECKPOINT_NAME
     if content == "flip":
         data = bytearray(path.read_bytes())
         data[-5] ^= 0xFF
@@ -333,7 +340,7 @@ def test_cli_settings_the_loop_refuses_exit_2_with_one_line(tmp_path, capsys):
 def test_cli_resume_of_a_damaged_checkpoint_exits_2_with_one_line(tmp_path, capsys, content):
     ck = tmp_path / "checkpoints" / "cartpole_quick"
     ck.mkdir(parents=True)
-    (ck / lp.CHECKPOINT_NAME).write_bytes(content)
+    (ck / dr.CHECKPOINT_NAME).write_bytes(content)
     assert demo.main(["--quick", "--resume", "--out", str(tmp_path), "--no-progress"]) == 2
     cap = capsys.readouterr()
-    assert cap.err.count("\n") == 1 and str(ck / lp.CHECKPOINT_NAME) in cap.err and "Traceback" not in cap.err
+    assert cap.err.count("\n") == 1 and str(ck / dr.CHECKPOINT_NAME) in cap.err and "Traceback" not in cap.err

@@ -36,8 +36,15 @@ CFG = TRAINER.config
 STATE = TRAINER.init(0, EX)
 
 
+BCFG = pf.buffer.config(16)
+
+
 def _buffer(pairs=PAIRS, prefs=PREFS):
-    return pf.buffer_push(pf.buffer_init(16, PAIRS), pairs, prefs)
+    return pf.buffer.step(pf.buffer.init(BCFG, None, PAIRS), pairs, prefs, BCFG)
+
+
+def _push(buf, pairs, prefs, count=None):
+    return pf.buffer.step(buf, pairs, prefs, BCFG, count=count)
 
 
 def _leaves_equal(a, b):
@@ -72,27 +79,25 @@ _TRAIN_HP = [
 
 @pytest.mark.parametrize("name,value,match", _TRAIN_HP, ids=[f"{n}={v}" for n, v, _ in _TRAIN_HP])
 def test_trainer_hparam_eager_and_checked_jit_agree(name, value, match):
-    eager = _message(lambda: tr.trainer_hparams(**{name: value}))
+    eager = _message(lambda: tr.config(NET, **{name: value}))
     assert re.search(match, eager), eager
     assert re.search(match, _message(lambda: pf.RewardTrainer(NET, **{name: value})))
-    # the same value swept as a traced leaf of the state, inside jit
+    assert _message(lambda: tr.TrainerConfig(NET, **{name: value})) == eager  # the class checks too
+    # the same value swept as a traced leaf of the config, inside jit
     pairs = jax.tree.map(lambda x: x[:4], PAIRS)
+    cfg = tr.config(NET, batch_size=4)
+    st = tr.init(cfg, params=jax.tree.map(lambda x: x[0], STATE.params))
 
     def step(v):
-        hp = STATE.hparams.replace(**{name: v})
-        single = jax.tree.map(lambda x: x[0], STATE.params)
-        cfg = pf.RewardTrainer(NET, batch_size=4).config
-        st = tr.trainer_init(cfg, single, tr.trainer_hparams()).replace(hparams=hp)
-        return pf.train_step(st, pairs, PREFS[:4], cfg)[1]
+        return tr.step(st, pairs, PREFS[:4], cfg.replace(**{name: v}))[1]
 
     jitted = _message(jaxweight.checked(jax.jit(step)), jnp.float32(value))
     assert jitted == eager
 
 
-def test_train_reward_checks_traced_hparams_under_checked_jit():
+def test_epoch_checks_traced_hparams_under_checked_jit():
     buf = _buffer()
-    run = jaxweight.checked(jax.jit(lambda lr: pf.train_reward(
-        STATE.replace(hparams=STATE.hparams.replace(learning_rate=lr)), 0, buf, CFG, epochs=1)))
+    run = jaxweight.checked(jax.jit(lambda lr: tr.epoch(STATE, 0, buf, CFG.replace(learning_rate=lr))))
     with pytest.raises(ValueError, match="learning_rate must be finite and >= 0.0, got -1.0"):
         run(jnp.float32(-1.0))
     state, m = run(jnp.float32(1e-3))  # a good value passes
@@ -121,9 +126,10 @@ def test_teacher_settings_eager_and_checked_jit_agree(name, value, match):
 
 @pytest.mark.parametrize("decay", [0.0, 1.0, 1.5, float("nan")])
 def test_reward_norm_decay_eager_and_checked_jit_agree(decay):
-    eager = _message(lambda: pf.reward_norm_init("ema", decay))
+    eager = _message(lambda: pf.normalization.config("ema", decay))
     assert "decay must be finite and in (0.0, 1.0)" in eager
-    jitted = _message(jaxweight.checked(jax.jit(lambda d: pf.reward_norm_init("ema", d).mean)), jnp.float32(decay))
+    assert _message(lambda: pf.normalization.RewardNormConfig("ema", decay)) == eager
+    jitted = _message(jaxweight.checked(jax.jit(lambda d: pf.normalization.config("ema", d).decay)), jnp.float32(decay))
     assert jitted == eager
 
 
@@ -186,15 +192,10 @@ _TRACEABLE = [
      "alpha must be finite, got inf"),
     ("ensemble_reward alpha=nan", lambda v: pf.ensemble_reward(NET, STATE.params, *EX, alpha=v), float("nan"),
      "alpha must be finite, got nan"),
-    ("reward_norm_apply eps<0", lambda v: rn.reward_norm_apply(pf.reward_norm_init(), jnp.ones(3), v), -1.0,
+    ("normalization eps<0", lambda v: pf.normalization.config(eps=v).eps, -1.0,
      "eps must be finite and >= 0.0, got -1.0"),
-    ("normalize_rewards eps=nan", lambda v: pf.normalize_rewards(pf.reward_norm_init(), jnp.ones(3), eps=v)[1],
+    ("normalization eps=nan", lambda v: pf.normalization.config(eps=v).eps,
      float("nan"), "eps must be finite and >= 0.0, got nan"),
-    ("trainer_init initial_lambda<0", lambda v: tr.trainer_init(CFG, STATE.params, tr.trainer_hparams(), v).reg_lambda,
-     -0.5, "initial_lambda must be finite and >= 0.0, got -0.5"),
-    ("trainer_init initial_lambda=nan",
-     lambda v: tr.trainer_init(CFG, STATE.params, tr.trainer_hparams(), v).reg_lambda, float("nan"),
-     "initial_lambda must be finite and >= 0.0, got nan"),
 ]
 
 
@@ -278,13 +279,14 @@ _STATIC = [
     ("epoch_multiplier<0", lambda: tr.num_epochs(1, -1.0), "epoch_multiplier must be finite and >= 0.0"),
     ("epoch_multiplier nan", lambda: tr.num_epochs(1, float("nan")), "epoch_multiplier must be finite"),
     ("epoch_multiplier rounds to 0", lambda: TRAINER.train(STATE, 0, _buffer(), 0.4), "Must train for at least one"),
-    ("train_reward epochs=0", lambda: pf.train_reward(STATE, 0, _buffer(), CFG, epochs=0), "epochs must be"),
-    ("capacity=0", lambda: pf.buffer_init(0, PAIRS), "capacity must be >= 1, got 0"),
-    ("capacity=-3", lambda: pf.buffer_init(-3, PAIRS), "capacity must be >= 1"),
-    ("count>P", lambda: pf.buffer_push(_buffer(), PAIRS, PREFS, 13), r"count must be .*in \[0, 12\], got 13"),
-    ("count<0", lambda: pf.buffer_push(_buffer(), PAIRS, PREFS, -1), r"count must be .*in \[0, 12\], got -1"),
-    ("prefs dtype", lambda: pf.buffer_push(_buffer(), PAIRS, np.zeros(12)), "preferences should have dtype float32"),
-    ("prefs shape", lambda: pf.buffer_push(_buffer(), PAIRS, PREFS[:5]), r"Unexpected preferences shape \(5,\)"),
+    ("epoch epochs=0", lambda: tr.epoch(STATE, 0, _buffer(), CFG, epochs=0), "epochs must be"),
+    ("capacity=0", lambda: pf.buffer.config(0), "capacity must be >= 1, got 0"),
+    ("capacity=-3", lambda: pf.buffer.config(-3), "capacity must be >= 1"),
+    ("initial_lambda<0", lambda: tr.TrainerConfig(NET, initial_lambda=-0.5), "initial_lambda must be finite and >= 0.0"),
+    ("count>P", lambda: _push(_buffer(), PAIRS, PREFS, 13), r"count must be .*in \[0, 12\], got 13"),
+    ("count<0", lambda: _push(_buffer(), PAIRS, PREFS, -1), r"count must be .*in \[0, 12\], got -1"),
+    ("prefs dtype", lambda: _push(_buffer(), PAIRS, np.zeros(12)), "preferences should have dtype float32"),
+    ("prefs shape", lambda: _push(_buffer(), PAIRS, PREFS[:5]), r"Unexpected preferences shape \(5,\)"),
     ("regularizer type", lambda: pf.RewardTrainer(NET, regularizer=0.1), "regularizer must be a Regularizer"),
     ("module type", lambda: pf.RewardTrainer("mlp"), "module must be a flax.linen Module"),
 ]
@@ -318,7 +320,7 @@ _FRAGMENTS = [
     ("active noise_prob", lambda: pf.active_selection(0, STATE.params, NET, _trajs(), 2, 2, 2.0, noise_prob=2.0),
      r"noise_prob must be finite and in \[0.0, 1.0\]"),
     ("teacher P=0", lambda: pf.synthetic_preferences(0, jax.tree.map(lambda x: x[:0], PAIRS)), "P == 0"),
-    ("push pairs mismatch", lambda: pf.buffer_push(_buffer(), PAIRS.replace(valid=PAIRS.valid[:3]), PREFS),
+    ("push pairs mismatch", lambda: _push(_buffer(), PAIRS.replace(valid=PAIRS.valid[:3]), PREFS),
      r"valid must have shape \(12,\)"),
 ]
 
@@ -373,7 +375,7 @@ def _corrupt(kind):
 
 
 _KINDS = ["nan_obs", "inf_obs", "nan_pref", "pref_above_1", "pref_below_0", "action_out_of_range", "negative_action"]
-_train_jit = jax.jit(lambda s, k, b: pf.train_reward(s, k, b, CFG, epochs=2))
+_train_jit = jax.jit(lambda s, k, b: tr.epoch(s, k, b, CFG, epochs=2))
 
 
 @pytest.mark.parametrize("kind", _KINDS)
@@ -388,7 +390,7 @@ def test_bad_stored_pair_is_left_out_and_counted(kind):
     ref_buf = _buffer(pairs.replace(valid=pairs.valid.at[5].set(False)), jnp.where(jnp.isfinite(prefs), prefs, 0.5))
     ref, _ = _train_jit(STATE, jax.random.key(1), ref_buf)
     assert _leaves_equal(state.params, ref.params) and _leaves_equal(state.opt_state, ref.opt_state)
-    assert pf.metrics_dict(m)["preference/n_invalid"] == 1.0
+    assert tr.metrics_dict(m, CFG)["preference/n_invalid"] == 1.0
 
 
 @pytest.mark.parametrize("kind", ["nan_obs", "nan_pref", "action_out_of_range"])
@@ -407,8 +409,8 @@ def test_one_nan_in_an_ensemble_batch_leaves_every_member_finite(where):
         pairs = pairs.replace(obs=pairs.obs.at[:, 2, 0, 0, 0].set(jnp.nan))
     else:
         prefs = prefs.at[:, 2].set(jnp.nan)
-    for step in (TRAINER.step, jax.jit(TRAINER.step)):
-        new, m = step(STATE, pairs, prefs)
+    for step in (tr.step, jax.jit(tr.step)):
+        new, m = step(STATE, pairs, prefs, CFG)
         assert _all_finite(new.params) and _all_finite(new.opt_state)
         np.testing.assert_array_equal(m["n_invalid"], [1, 1, 1])
         assert not _leaves_equal(new.params, STATE.params) and int(new.steps) == 1
@@ -424,7 +426,7 @@ def test_batch_without_a_valid_pair_leaves_state_exactly_unchanged(where):
         prefs = jnp.full_like(prefs, 2.0)
     else:
         mask = jnp.zeros((3, 4), bool)
-    new, m = jax.jit(TRAINER.step)(STATE, pairs, prefs, mask)
+    new, m = jax.jit(tr.step)(STATE, pairs, prefs, CFG, mask=mask)
     assert _leaves_equal(new.params, STATE.params) and _leaves_equal(new.opt_state, STATE.opt_state)
     assert int(new.steps) == 0
     np.testing.assert_array_equal(m["n_invalid"], [0, 0, 0] if where == "mask" else [4, 4, 4])
@@ -443,25 +445,25 @@ def test_huge_finite_inputs_give_finite_weights():
     assert _all_finite(state.params) and int(m["n_invalid"]) == 0
 
 
-def test_minibatch_grad_counts_invalid_pairs():
-    cfg = pf.RewardTrainer(NET, batch_size=4).config
-    params = jax.tree.map(lambda x: x[0], STATE.params)
+def test_step_counts_invalid_pairs():
+    cfg = tr.config(NET, batch_size=4)
+    state = tr.init(cfg, params=jax.tree.map(lambda x: x[0], STATE.params))
     pairs = jax.tree.map(lambda x: x[:4], PAIRS)
     bad = pairs.replace(obs=pairs.obs.at[1].set(jnp.nan))
-    g, aux = jax.jit(pf.minibatch_grad, static_argnums=4)(params, bad, PREFS[:4], jnp.ones(4, bool), cfg,
-                                                          tr.trainer_hparams())
-    assert _all_finite(g) and int(aux["n_invalid"]) == 1 and float(aux["count"]) == 3.0
+    new, out = jax.jit(tr.step)(state, bad, PREFS[:4], cfg)
+    assert _all_finite(new.params) and int(out["n_invalid"]) == 1 and int(new.steps) == 1
 
 
 # ------------------------------------------------------- normaliser, teacher
 @pytest.mark.parametrize("kind", ["running", "ema"])
 def test_reward_normaliser_ignores_non_finite_entries(kind):
-    st = pf.reward_norm_init(kind)
-    clean = pf.reward_norm_update(st, jnp.array([1.0, 2.0, 3.0]))
-    dirty = pf.reward_norm_update(st, jnp.array([1.0, jnp.nan, 2.0, jnp.inf, 3.0, -jnp.inf]))
+    cfg = pf.normalization.config(kind)
+    st = pf.normalization.init(cfg)
+    clean = pf.normalization.step(st, jnp.array([1.0, 2.0, 3.0]), cfg)[0]
+    dirty = pf.normalization.step(st, jnp.array([1.0, jnp.nan, 2.0, jnp.inf, 3.0, -jnp.inf]), cfg)[0]
     assert _leaves_equal(dirty, clean) and int(dirty.count) == 3
-    assert _leaves_equal(pf.reward_norm_update(st, jnp.full((4,), jnp.nan)), st)  # nothing finite: unchanged
-    _, out = pf.normalize_rewards(dirty, jnp.array([jnp.nan, 1.0]))
+    assert _leaves_equal(pf.normalization.step(st, jnp.full((4,), jnp.nan), cfg)[0], st)  # nothing finite: unchanged
+    _, out = pf.normalization.step(dirty, jnp.array([jnp.nan, 1.0]), cfg)
     assert np.isfinite(np.asarray(out)[1])
 
 

@@ -32,7 +32,7 @@ def test_settings_and_plan():
     assert (o.num_iterations, o.total_comparisons, o.total_timesteps, o.fragment_length, o.num_members) == (
         3, 300, 9_000, 10, 4) and o.learning_rate == q.learning_rate
     pc = demo.build(o)
-    assert float(pc.reward_trainer.hparams.learning_rate) == pytest.approx(3e-3)
+    assert float(pc.reward_trainer.config.learning_rate) == pytest.approx(3e-3)
     assert pc.reward_trainer.config.num_members == 4 and pc.config.fragment_length == 10
     with pytest.raises(ValueError, match="unknown settings"):
         demo.settings(bogus=1)
@@ -96,7 +96,7 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
 def test_checkpoint_status_line(tmp_path):
     """The demo says whether it resumes, overwrites an earlier run's checkpoint, or starts anew."""
     from jaxweight import checkpoint
-    from jaxweight.preference.loop import CHECKPOINT_NAME
+    from jaxweight.preference.driver import CHECKPOINT_NAME
 
     assert demo._checkpoint_status(tmp_path, False, 7) == "[preferences] starting a new run"
     assert "no checkpoint to resume" in demo._checkpoint_status(tmp_path, True, 7)

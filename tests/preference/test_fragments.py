@@ -149,25 +149,22 @@ def ensemble():
     return trajs, net, params
 
 
-def _active(*args, return_scores=False, **kw):
-    if return_scores:
+def _active(*args, scored=False, **kw):
+    if scored:
         return pf.active_selection_scored(*args, **kw)
     return pf.active_selection(*args, **kw)
 
 
-def test_return_scores_is_a_deprecated_alias(ensemble):
+def test_active_selection_is_the_scored_pairs(ensemble):
     trajs, net, params = ensemble
     new = pf.active_selection_scored(3, params, net, trajs, 5, 4, 2.0, "all")
-    with pytest.deprecated_call():
-        old = pf.active_selection(3, params, net, trajs, 5, 4, 2.0, "all", return_scores=True)
-    jax.tree.map(np.testing.assert_array_equal, old, new)
     jax.tree.map(np.testing.assert_array_equal, pf.active_selection(3, params, net, trajs, 5, 4, 2.0, "all"), new[0])
 
 
 def test_active_selection_ranks_candidates(ensemble):
     trajs, net, params = ensemble
     key = jax.random.key(7)
-    picked, scores = _active(key, params, net, trajs, 5, 6, 4.0, "all", return_scores=True)
+    picked, scores = _active(key, params, net, trajs, 5, 6, 4.0, "all", scored=True)
     assert picked.num_pairs == 6 and set(scores) == {"logit", "probability", "label", "disagreement", "entropy"}
     # the candidates are random_fragments(split(key)[0], ..., C) and the picks are their top-6 by logit
     cand = pf.random_fragments(jax.random.split(key)[0], trajs, 5, 24)
@@ -178,7 +175,7 @@ def test_active_selection_ranks_candidates(ensemble):
     np.testing.assert_allclose(scores["logit"], s[order], rtol=1e-5)
     np.testing.assert_array_equal(picked.obs, np.asarray(cand.obs)[order])
     assert np.all(np.diff(np.asarray(scores["logit"])) <= 0)  # descending
-    single, sc = _active(key, params, net, trajs, 5, 6, 4.0, "label", return_scores=True)
+    single, sc = _active(key, params, net, trajs, 5, 6, 4.0, "label", scored=True)
     o = np.argsort(-np.asarray(all_scores["label"]), kind="stable")[:6]
     np.testing.assert_array_equal(single.obs, np.asarray(cand.obs)[o])
     assert set(sc) == {"label"}
@@ -191,8 +188,8 @@ def test_active_selection_ranks_candidates(ensemble):
 
 def test_active_selection_per_step_equals_per_fragment(ensemble):
     trajs, net, params = ensemble
-    a, sa = _active(3, params, net, trajs, 6, 5, 3.0, "all", return_scores=True, rewards_per="step")
-    b, sb = _active(3, params, net, trajs, 6, 5, 3.0, "all", return_scores=True, rewards_per="fragment")
+    a, sa = _active(3, params, net, trajs, 6, 5, 3.0, "all", scored=True, rewards_per="step")
+    b, sb = _active(3, params, net, trajs, 6, 5, 3.0, "all", scored=True, rewards_per="fragment")
     jax.tree.map(np.testing.assert_array_equal, a, b)
     for k in sa:
         np.testing.assert_allclose(sa[k], sb[k], rtol=1e-5, atol=1e-6)

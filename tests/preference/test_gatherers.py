@@ -75,10 +75,8 @@ def test_bpref_teachers():
     assert int(out.n_invalid) == 0
     with pytest.raises(ValueError, match="use synthetic_teacher"):
         pf.synthetic_preferences(0, pairs, skip_threshold=1.0)
-    with pytest.deprecated_call():  # the old spelling: a third return value
-        prefs, ent, valid = pf.synthetic_preferences(0, pairs, temperature=0.0, skip_threshold=1.0, return_valid=True)
-    np.testing.assert_array_equal(valid, out.valid)
-    np.testing.assert_array_equal(prefs, out.prefs)
+    prefs, _ = pf.synthetic_preferences(0, pairs, temperature=0.0)
+    np.testing.assert_array_equal(prefs, out.prefs)  # the same answers; only the validity differs
     # mistakes at rate 0.3 on deterministic labels
     many = pf.fragment_pairs_from_arrays(np.zeros((3000, 2, 2, 1)), np.zeros((3000, 2, 1)),
                                          np.tile([[[1.0], [0.0]]], (3000, 1, 1)))

@@ -15,9 +15,12 @@ import pytest
 
 from jaxweight import checkpoint
 from jaxweight import preference as pf
+from jaxweight.preference import driver as dr
 from jaxweight.preference import loop as lp
+from jaxweight.preference.evaluation import preference_accuracy, reward_correlation
 from jaxweight.preference.envs import make_env, reward_net
-from jaxweight.preference.generators import AgentGenerator, DatasetGenerator, HostGenerator, PPOConfig
+from jaxweight.preference.generators import AgentGenerator, DatasetGenerator, HostGenerator
+from jaxweight.preference.ppo import PPOConfig
 from tests.contracts import assert_trees_close
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,11 +28,11 @@ T, C, SEED = 1_000, 40, 3
 TINY_PPO = PPOConfig(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, hidden_sizes=(16, 16))
 
 
-def make_tiny() -> lp.PreferenceComparisons:
+def make_tiny() -> dr.PreferenceComparisons:
     """A small agent loop: CartPole with horizon 40, 3 iterations, 5-step fragments, 2 reward nets."""
     env, p = make_env("cartpole", horizon=40)
     net = reward_net(env, p, hidden_sizes=(8,))
-    return lp.PreferenceComparisons(
+    return dr.PreferenceComparisons(
         AgentGenerator(env, p, config=TINY_PPO), net, num_iterations=3, fragment_length=5,
         reward_trainer=pf.RewardTrainer(net, num_members=2, progress=False), initial_epoch_multiplier=4.0,
         eval_episodes=2, progress=False,
@@ -59,12 +62,12 @@ def _random_policy_trajs(key, n_steps, horizon=100):
                            terminal=jnp.ones((n,), bool))
 
 
-def make_dataset_loop(trajs, **kw) -> lp.PreferenceComparisons:
+def make_dataset_loop(trajs, **kw) -> dr.PreferenceComparisons:
     net = reward_net(make_env("cartpole")[0], hidden_sizes=(16,))
     args = dict(num_iterations=3, fragment_length=10, initial_epoch_multiplier=10.0, progress=False, sample=False,
                 reward_trainer=pf.RewardTrainer(net, num_members=2, epochs=10, progress=False))
     args.update(kw)
-    return lp.PreferenceComparisons(DatasetGenerator(trajs), net, **args)
+    return dr.PreferenceComparisons(DatasetGenerator(trajs), net, **args)
 
 
 @pytest.fixture(scope="module")
@@ -91,40 +94,38 @@ def test_plan_is_imitations_arithmetic():
     assert q.plan(T, C).capacity == 10
 
 
-def test_deprecated_push_first_forwards_to_buffer_push():
-    rng = np.random.default_rng(0)
-    pairs = pf.fragment_pairs_from_arrays(rng.normal(size=(12, 2, 4, 3)), rng.integers(0, 2, (12, 2, 3)),
-                                          rng.normal(size=(12, 2, 3)))
-    prefs = jnp.asarray(rng.uniform(size=12), jnp.float32)
-    buf = pf.buffer_init(5, pairs)
-    with pytest.deprecated_call():
-        got = lp.push_first(buf, pairs, prefs, jnp.int32(7))
-    assert_trees_close(got, pf.buffer_push(buf, pairs, prefs, count=7))
+def test_loop_contract_and_donation(dataset_trajs, tmp_path):
+    """The pure component: config / init / step (one round, key explicit) / run / metrics_dict."""
+    from tests.contracts import check_state_contract
 
-
-def test_deprecated_train_reward_forwards_to_the_one_train_step(dataset_trajs):
-    pc = make_dataset_loop(dataset_trajs)
-    pairs = pf.random_fragments(1, dataset_trajs, 10, 24)
-    prefs, _ = pf.synthetic_preferences(2, pairs, sample=False)
-    buf = pf.buffer_push(pf.buffer_init(32, pairs), pairs, prefs)
-    cfg = pc.reward_trainer.config
-    state = pc.reward_trainer.init(0, pf.example_inputs(pairs))
-    ref_state, ref_m = pf.train_reward(state, jax.random.key(5), buf, cfg, epochs=2)
-    with pytest.deprecated_call():
-        got_state, got_m = lp.train_reward(cfg, state, jax.random.key(5), buf, 2)
-    assert_trees_close(got_state, ref_state)
-    assert_trees_close(got_m, ref_m)
-
-
-def test_deprecated_round_step_order(dataset_trajs):
-    pc = make_dataset_loop(dataset_trajs)
-    plan = pc.plan(0, 60)
-    state = pc.init(0, plan.capacity)
-    new = jax.eval_shape(lambda s: pc.round_step(s, plan.round_input(0), plan), state)
-    with pytest.deprecated_call():
-        old = jax.eval_shape(lambda s: pc.round_step(plan, s, plan.round_input(0)), state)
-    assert jax.tree.structure(new) == jax.tree.structure(old)
-    assert set(new[1]) == set(lp.ROUND_METRICS)
+    pc = make_dataset_loop(dataset_trajs, num_iterations=1)
+    cfg = pc.config_for(0, 30)
+    cfg_alt = cfg.replace(temperature=jnp.float32(0.5), trainer=cfg.trainer.replace(learning_rate=jnp.float32(0.01)))
+    check_state_contract(
+        init=lambda: lp.init(cfg, 0),
+        update=lp.step,
+        update_args=(jax.random.key(1), cfg),
+        update_args_alt=(jax.random.key(2), cfg_alt),
+        batched_init=lambda: jax.vmap(lambda k: lp.init(cfg, k))(jax.random.split(jax.random.key(0), 2)),
+        batched_update_in_axes=(0, None),
+        batched_update_args=(jax.random.split(jax.random.key(3), 2), cfg),
+        tmp_path=tmp_path, rtol=1e-4, atol=1e-5,
+    )
+    state = lp.init(cfg, 0)
+    one, out = jax.jit(lp.step)(state, jax.random.key(1), cfg)
+    assert set(out) == set(lp.ROUND_METRICS) and int(one.round) == 1 and int(out["num_pairs"]) == cfg.plan.schedule[0]
+    flat = lp.metrics_dict(out, cfg)
+    assert flat["preference/loop/num_pairs"] == float(cfg.plan.schedule[0])
+    # run = the remaining rounds, round i with round_key(key, i)
+    done, rows = jax.jit(lp.run)(one, jax.random.key(1), cfg)
+    ref, last = jax.jit(lp.step)(one, lp.round_key(jax.random.key(1), 1), cfg)
+    assert_trees_close(done, ref, rtol=1e-5, atol=1e-6)
+    assert float(rows["reward_loss"][1]) == pytest.approx(float(last["reward_loss"]), rel=1e-5)
+    # donation
+    donated = lp.init(cfg, 0)
+    jax.jit(lp.step, donate_argnums=0)(donated, jax.random.key(1), cfg)
+    # (reward_shift / reward_scale are only written, never read: jit prunes them as inputs)
+    assert all(x.is_deleted() for x in jax.tree.leaves((donated.buffer, donated.reward, donated.gen)))
 
 
 def test_config_is_the_one_place_for_static_settings(dataset_trajs):
@@ -135,7 +136,11 @@ def test_config_is_the_one_place_for_static_settings(dataset_trajs):
     with pytest.raises(ValueError, match="transition_oversampling must be finite and >= 1"):
         pc.transition_oversampling = 0.5
     assert pc.config.transition_oversampling == 2.0
-    assert lp.loop_config(3).to_dict()["query_schedule"] == "hyperbolic"
+    assert lp.LoopConfig(3).to_dict()["query_schedule"] == "hyperbolic"
+    pc.temperature = 0.5  # hyperparameters too: f32[] leaves of the config
+    assert pc.config.temperature.dtype == jnp.float32 and float(pc.temperature) == 0.5
+    with pytest.raises(ValueError, match="temperature must be finite and >= 0.0"):
+        pc.temperature = -1.0
 
 
 # ------------------------------------------------------------------ the agent loop
@@ -174,7 +179,7 @@ def test_loop_accounting_per_round(tiny_run):
     assert not np.array_equal(state.reward.params["params"]["net"]["dense0"]["kernel"][0],
                               state.reward.params["params"]["net"]["dense0"]["kernel"][1])
     assert pc.dataset is state.buffer
-    meta = checkpoint.load_metadata(ckpt / lp.CHECKPOINT_NAME)
+    meta = checkpoint.load_metadata(ckpt / dr.CHECKPOINT_NAME)
     assert meta["rounds_done"] == 4 and meta["history"] == hist
 
 
@@ -203,8 +208,7 @@ def test_train_and_run_give_identical_metrics(tiny_run):
     """train (one compiled round at a time) and run (all rounds in one call) run the same compiled program:
     four rounds, two seeds, same keys -> bit-identical metrics and states."""
     pc, state, hist, *_ = tiny_run
-    init = pc.init_run(SEED, T, C, num_seeds=2)
-    states, metrics = pc.run(init, T, C)
+    states, metrics = pc.run(SEED, T, C, num_seeds=2)
     for i, h in enumerate(hist):
         for k, v in h.items():
             np.testing.assert_array_equal(np.asarray(metrics[k])[:, i], np.asarray(v), err_msg=f"round {i} {k}")
@@ -219,7 +223,7 @@ def test_resume_with_a_changed_learning_rate_is_refused(tiny_run, tmp_path):
     def changed(**kw):
         args = dict(num_members=2, learning_rate=1e-3)
         args.update(kw)
-        return lp.PreferenceComparisons(
+        return dr.PreferenceComparisons(
             AgentGenerator(env, p, config=TINY_PPO), net, num_iterations=3, fragment_length=5,
             reward_trainer=pf.RewardTrainer(net, **{k: v for k, v in args.items()}), initial_epoch_multiplier=4.0,
             eval_episodes=2,
@@ -249,7 +253,7 @@ def test_resume_after_kill_is_identical(tiny_run, tmp_path):
                        timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == -9, r.stderr[-2000:]
     assert "not killed" not in r.stdout
-    assert checkpoint.load_metadata(tmp_path / lp.CHECKPOINT_NAME)["rounds_done"] == 2
+    assert checkpoint.load_metadata(tmp_path / dr.CHECKPOINT_NAME)["rounds_done"] == 2
     rounds = []
     res2 = pc.train(SEED, T, C, rounds.append, num_seeds=2, checkpoint_dir=tmp_path, resume=True)
     assert rounds == [2, 3]
@@ -262,19 +266,18 @@ def test_resume_after_kill_is_identical(tiny_run, tmp_path):
         pc.train(SEED, T, C, num_seeds=3, checkpoint_dir=tmp_path, resume=True)
     # a changed teacher temperature is refused, and accepted (logged, applied) with allow_changed
     hot = make_tiny()
-    hot.hparams = hot.hparams.replace(temperature=jnp.float32(2.0))
-    with pytest.raises(ValueError, match=r"hparams/temperature \(checkpoint 1\.0, now 2\.0\)"):
+    hot.temperature = 2.0
+    with pytest.raises(ValueError, match=r"loop/temperature \(checkpoint 1\.0, now 2\.0\)"):
         hot.train(SEED, T, C, num_seeds=2, checkpoint_dir=tmp_path, resume=True)
     hot.train(SEED, T, C, num_seeds=2, checkpoint_dir=tmp_path, resume=True, allow_changed=True)
-    assert hot.overrides and "hparams/temperature" in hot.overrides[-1]["changed"][0]
-    np.testing.assert_array_equal(hot.state.hparams.temperature, [2.0, 2.0])
+    assert hot.overrides and "loop/temperature" in hot.overrides[-1]["changed"][0]
 
 
 # ------------------------------------------------------------------ dataset loops (no agent)
 def test_run_is_jittable_and_vmaps_over_seeds(dataset_trajs):
     pc = make_dataset_loop(dataset_trajs)
-    cap = pc.plan(0, 60).capacity
-    run = lambda k: pc.run(pc.init(k, cap), 0, 60)  # noqa: E731
+    cfg = pc.config_for(0, 60)
+    run = lambda k: lp.run(lp.init(cfg, k), k, cfg)  # noqa: E731
     keys = jax.random.split(jax.random.key(1), 2)
     states, metrics = jax.jit(jax.vmap(run))(keys)
     assert metrics["reward_loss"].shape == (2, 4) and states.round.tolist() == [4, 4]
@@ -296,16 +299,16 @@ def test_end_to_end_reward_fit_with_a_queue_limit(dataset_trajs):
     assert int(pc.state.buffer.next) == sum(plan.schedule) % 250  # the ring wrapped around
     assert all(h["agent_steps_trained"] == 0 and np.isnan(h["gt_return"]) for h in pc.history)
     held_out = _random_policy_trajs(jax.random.key(77), 3_000)
-    corr = lp.reward_correlation(pc.reward_module, pc.state.reward.params, held_out)
+    corr = reward_correlation(pc.reward_module, pc.state.reward.params, held_out)
     pairs = pf.random_fragments(5, held_out, 10, 500)
-    acc, decided = lp.preference_accuracy(pc.reward_module, pc.state.reward.params, pairs)
+    acc, decided = preference_accuracy(pc.reward_module, pc.state.reward.params, pairs)
     assert float(corr) > 0.8, float(corr)
     assert int(decided) > 20 and float(acc) > 0.9
     # the reward model of round 0 is judged on round 1's new pairs: better than chance by the end
     assert pc.history[-1]["fresh_accuracy"] > 0.8
     # an untrained model does not correlate
     fresh = pc.reward_trainer.init(1, pf.example_inputs(pairs)).params
-    assert abs(float(lp.reward_correlation(pc.reward_module, fresh, held_out))) < 0.8
+    assert abs(float(reward_correlation(pc.reward_module, fresh, held_out))) < 0.8
 
 
 # ------------------------------------------------------------------ variable horizons and errors
@@ -326,13 +329,13 @@ class _VariableGenerator:
 
 def test_variable_horizons_are_refused(dataset_trajs, caplog):
     net = reward_net(make_env("cartpole")[0], hidden_sizes=(8,))
-    pc = lp.PreferenceComparisons(_VariableGenerator(), net, num_iterations=1, fragment_length=3, progress=False,
+    pc = dr.PreferenceComparisons(_VariableGenerator(), net, num_iterations=1, fragment_length=3, progress=False,
                                   initial_epoch_multiplier=1.0)
     with pytest.raises(ValueError, match=r"Episodes of different length detected: \[6, 9\]"):
         pc.train(0, 10, 10)
     assert pc.state is None and pc.history == []  # nothing committed
     with caplog.at_level(logging.WARNING, logger="jaxweight.preference"):
-        lp.PreferenceComparisons(_VariableGenerator(), net, num_iterations=1, fragment_length=3,
+        dr.PreferenceComparisons(_VariableGenerator(), net, num_iterations=1, fragment_length=3,
                                  allow_variable_horizon=True)
     assert "allow_variable_horizon" in caplog.text
     pc.allow_variable_horizon = True  # the check is on the host: the rounds now go through
@@ -348,22 +351,22 @@ def test_bad_arguments(dataset_trajs):
     net = reward_net(make_env("cartpole")[0], hidden_sizes=(8,))
     gen = DatasetGenerator(dataset_trajs)
     with pytest.raises(ValueError, match="pure generator"):
-        lp.PreferenceComparisons(object(), net, 2)
+        dr.PreferenceComparisons(object(), net, 2)
     with pytest.raises(ValueError, match="not a HostGenerator"):
-        lp.PreferenceComparisons(HostGenerator(gen, 0), net, 2)
+        dr.PreferenceComparisons(HostGenerator(gen, 0), net, 2)
     with pytest.raises(ValueError, match="another module"):
-        lp.PreferenceComparisons(gen, net, 2, reward_trainer=pf.RewardTrainer(reward_net(make_env("cartpole")[0])))
+        dr.PreferenceComparisons(gen, net, 2, reward_trainer=pf.RewardTrainer(reward_net(make_env("cartpole")[0])))
     with pytest.raises(ValueError, match="needs an ensemble"):
-        lp.PreferenceComparisons(gen, net, 2, fragmenter="active")
+        dr.PreferenceComparisons(gen, net, 2, fragmenter="active")
     with pytest.raises(ValueError, match="Unknown query schedule"):
-        lp.PreferenceComparisons(gen, net, 2, query_schedule="cubic")
+        dr.PreferenceComparisons(gen, net, 2, query_schedule="cubic")
     with pytest.raises(ValueError, match="num_iterations must be >= 1"):
-        lp.PreferenceComparisons(gen, net, 0)
+        dr.PreferenceComparisons(gen, net, 0)
     with pytest.raises(ValueError, match="fragment_length must be >= 1"):
-        lp.PreferenceComparisons(gen, net, 2, fragment_length=0)
+        dr.PreferenceComparisons(gen, net, 2, fragment_length=0)
     with pytest.raises(ValueError, match="initial_comparison_frac"):
-        lp.PreferenceComparisons(gen, net, 2, initial_comparison_frac=1.5)
+        dr.PreferenceComparisons(gen, net, 2, initial_comparison_frac=1.5)
     reg = pf.RewardTrainer(net, regularizer=pf.lp_regularizer(
         0.1, lambda_updater=pf.IntervalParamScaler(0.1, (0.9, 1.1)), val_split=0.1))
     with pytest.raises(ValueError, match="Not enough data samples"):
-        lp.PreferenceComparisons(gen, net, 2, reward_trainer=reg).plan(0, 20)
+        dr.PreferenceComparisons(gen, net, 2, reward_trainer=reg).plan(0, 20)

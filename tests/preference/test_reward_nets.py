@@ -7,6 +7,7 @@ import pytest
 from gymnax.environments import spaces as gx
 
 from jaxweight import preference as pf
+from jaxweight.preference import normalization as rn
 from tests.contracts import check_state_contract
 
 
@@ -222,11 +223,12 @@ class _EMANormNP:
 def test_running_and_ema_norm_match_imitation():
     rng = np.random.default_rng(0)
     batches = [rng.normal(3, 2, size=n) for n in (5, 9, 1, 12)]
-    run, ema = pf.reward_norm_init("running"), pf.reward_norm_init("ema", decay=0.9)
+    c_run, c_ema = rn.config("running"), rn.config("ema", decay=0.9)
+    run, ema = rn.init(c_run), rn.init(c_ema)
     ref_run, ref_ema = _RunningNormNP(), _EMANormNP(0.9)
     for b in batches:
-        run = pf.reward_norm_update(run, jnp.asarray(b, jnp.float32))
-        ema = pf.reward_norm_update(ema, jnp.asarray(b, jnp.float32))
+        run, _ = rn.step(run, jnp.asarray(b, jnp.float32), c_run)
+        ema, _ = rn.step(ema, jnp.asarray(b, jnp.float32), c_ema)
         ref_run.update(b)
         ref_ema.update(b)
     allx = np.concatenate(batches)
@@ -234,38 +236,43 @@ def test_running_and_ema_norm_match_imitation():
     np.testing.assert_allclose([run.mean, run.var], [ref_run.mean, ref_run.var], rtol=1e-5)
     np.testing.assert_allclose([ema.mean, ema.var], [ref_ema.mean, ref_ema.var], rtol=1e-5)
     assert int(run.count) == len(allx) and int(ema.num_batches) == 4
-    np.testing.assert_allclose(pf.reward_nets.reward_norm_apply(run, jnp.asarray(allx)),
+    np.testing.assert_allclose(rn.apply(run, jnp.asarray(allx), c_run),
                                (allx - allx.mean()) / np.sqrt(allx.var() + 1e-5), rtol=1e-4, atol=1e-5)
 
 
 def test_normalize_then_update_and_masking():
-    s0 = pf.reward_norm_init()
-    s1, out = pf.normalize_rewards(s0, jnp.array([2.0, 4.0]))
+    cfg = rn.config()
+    s0 = rn.init(cfg)
+    s1, out = rn.step(s0, jnp.array([2.0, 4.0]), cfg)
     np.testing.assert_allclose(out, np.array([2.0, 4.0]) / np.sqrt(1 + 1e-5), rtol=1e-6)  # old stats (identity)
     np.testing.assert_allclose(s1.mean, 3.0)
-    s2, _ = pf.normalize_rewards(s1, jnp.array([100.0, jnp.nan]), mask=jnp.array([False, False]))
+    s2, _ = rn.step(s1, jnp.array([100.0, jnp.nan]), cfg, mask=jnp.array([False, False]))
     assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), s2, s1))  # empty batch: unchanged
-    s3, _ = pf.normalize_rewards(s1, jnp.array([5.0, jnp.nan]), mask=jnp.array([True, False]))
+    s3, _ = rn.step(s1, jnp.array([5.0, jnp.nan]), cfg, mask=jnp.array([True, False]))
     assert np.isfinite(float(s3.var)) and int(s3.count) == 3
-    s4, _ = pf.normalize_rewards(s1, jnp.array([9.0]), update_stats=False)
+    s4, _ = rn.step(s1, jnp.array([9.0]), cfg, update_stats=False)
     assert int(s4.count) == 2
-    with pytest.raises(ValueError, match="kind must be"):
-        pf.reward_norm_init("batch")
-    with pytest.raises(ValueError, match="decay must be"):
-        pf.reward_norm_init("ema", 1.5)
+    assert rn.metrics_dict(s1, cfg) == {"reward_norm/mean": 3.0, "reward_norm/std": 1.0, "reward_norm/count": 2.0}
+    for build in (rn.config, lambda *a: rn.RewardNormConfig(*a)):
+        with pytest.raises(ValueError, match="kind must be"):
+            build("batch")
+        with pytest.raises(ValueError, match="decay must be"):
+            build("ema", 1.5)
 
 
 @pytest.mark.parametrize("kind", ["running", "ema"])
 def test_reward_norm_contract(kind, tmp_path):
     x1 = jnp.array([1.0, 2.0, 3.0])
     x2 = jnp.array([-4.0, 0.5, 9.0])
+    cfg = rn.config(kind, 0.95)
     check_state_contract(
-        init=lambda: pf.reward_norm_init(kind, 0.95),
-        update=lambda s, x: pf.reward_norm_update(s, x),
-        update_args=(x1,),
-        update_args_alt=(x2,),
-        batched_init=lambda: jax.vmap(lambda d: pf.reward_norm_init(kind, 0.95).replace(decay=d))(jnp.array([0.9, 0.99])),
-        batched_update_args=(jnp.stack([x1, x2]),),
+        init=lambda: rn.init(cfg),
+        update=lambda s, x, c: rn.step(s, x, c),
+        update_args=(x1, cfg),
+        update_args_alt=(x2, cfg.replace(decay=jnp.float32(0.9))),
+        batched_init=lambda: jax.vmap(lambda _: rn.init(cfg))(jnp.arange(2)),
+        batched_update_in_axes=(0, 0),
+        batched_update_args=(jnp.stack([x1, x2]), jax.vmap(lambda d: cfg.replace(decay=d))(jnp.array([0.9, 0.99]))),
         tmp_path=tmp_path,
         rtol=1e-6,
     )

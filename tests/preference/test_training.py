@@ -7,6 +7,7 @@ import optax
 import pytest
 
 from jaxweight import preference as pf
+from jaxweight.preference import splits
 from jaxweight.preference import training as tr
 from jaxweight.preference.model import binary_cross_entropy
 from tests.contracts import assert_checkpoint_roundtrip, check_state_contract
@@ -18,14 +19,14 @@ NET = pf.RewardMLP(hidden_sizes=(4,), observation_space=pf.Box((2,)), action_spa
 def _buffer(n, capacity=16, seed=0, valid=None):
     """n random pairs whose true reward is the action (learnable), pushed into a buffer."""
     rng = np.random.default_rng(seed)
+    bcfg = pf.buffer.config(capacity)
     if n == 0:
-        return pf.buffer_init(capacity, _buffer(1).pairs)
+        return pf.buffer.init(bcfg, None, _buffer(1).pairs)
     acts = rng.integers(0, 2, (n, 2, L))
     rews = acts.astype(np.float32)
     pairs = pf.fragment_pairs_from_arrays(rng.normal(size=(n, 2, L + 1, 2)), acts, rews, valid=valid)
     prefs, _ = pf.synthetic_preferences(seed, pairs, temperature=0.0)
-    buf = pf.buffer_init(capacity, pairs)
-    return pf.buffer_push(buf, pairs, prefs)
+    return pf.buffer.step(pf.buffer.init(bcfg, None, pairs), pairs, prefs, bcfg)
 
 
 EX = tuple(x[:1] for x in _buffer(1).pairs.transitions())
@@ -37,6 +38,12 @@ def _leaves_equal(a, b):
 
 def _close(a, b, rtol=1e-5, atol=1e-6):
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=rtol, atol=atol), a, b)
+
+
+def _grad(cfg, params, pairs, prefs, mask):
+    """The gradient the trainer takes of one minibatch: ``sum_i mask_i BCE_i / batch_size``."""
+    cpairs, cprefs = tr._clean(pairs, jnp.asarray(prefs, jnp.float32), mask)
+    return tr._piece(cfg, params, cpairs, cprefs, mask)
 
 
 def _close_params(a, b, rtol=1e-5, atol=1e-6):
@@ -82,10 +89,10 @@ def test_config_errors():
 
 
 def test_adamw_is_torch_adamw_with_decay_001():
-    hp = tr.trainer_hparams()
+    hp = tr.config(NET)
     np.testing.assert_allclose([hp.learning_rate, hp.weight_decay, hp.b1, hp.b2, hp.eps],
                                [1e-3, 0.01, 0.9, 0.999, 1e-8])
-    opt = tr.make_optimizer(hp)
+    opt = tr._optimizer(hp)
     p = {"w": jnp.array([1.0, -2.0, 0.5])}
     state = opt.init(p)
     pn, m, v = np.array([1.0, -2.0, 0.5]), np.zeros(3), np.zeros(3)
@@ -106,10 +113,10 @@ def _reference_epoch(config, state, key, buffer, data):
     batch_size pairs, loss = sum over the batch / batch_size."""
     k_perm, _ = jax.random.split(key)
     n = int(data.n_train)
-    order = np.asarray(tr._masked_permutation(k_perm, data.n_train, buffer.capacity))
+    order = np.asarray(splits._masked_permutation(k_perm, data.n_train, buffer.capacity))
     items = np.asarray(data.train_idx)[order][:n]
     params, opt_state = state.params, state.opt_state
-    opt = tr.make_optimizer(state.hparams)
+    opt = tr._optimizer(config)
     b = config.batch_size
 
     def loss(p, idx):
@@ -134,9 +141,10 @@ def test_epoch_matches_reference_loop(n):
     buf = _buffer(n)
     state = trainer.init(1, EX)
     key = jax.random.key(5)
-    data = tr.prepare_data(0, buf, trainer.config)
-    new, metrics = tr._train_epoch_jit(state, key, buf, data, trainer.config)
-    ref_params, ref_steps = _reference_epoch(trainer.config, state, key, buf, data)
+    new, metrics = jax.jit(tr.epoch)(state, key, buf, trainer.config)
+    k_prep, k_epochs = jax.random.split(key)
+    data = splits.prepare(k_prep, buf, trainer.config)
+    ref_params, ref_steps = _reference_epoch(trainer.config, state, jax.random.fold_in(k_epochs, 0), buf, data)
     assert int(new.steps) == ref_steps == -(-n // 4)
     _close_params(new.params, ref_params)
     assert 0.0 <= float(metrics["train/accuracy"]) <= 1.0
@@ -156,9 +164,8 @@ def test_minibatch_accumulation_equals_full_batch():
     params = NET.init(jax.random.key(0), *EX)
     pairs = jax.tree.map(lambda x: x[:6], buf.pairs)
     prefs, mask = buf.prefs[:6], jnp.array([True] * 5 + [False])
-    grad = jax.jit(lambda cfg, hp, p, pr, y, m, lam=0.0: tr.minibatch_grad(p, pr, y, m, cfg, hp, lam), static_argnums=0)
-    full, _ = grad(cfg, tr.trainer_hparams(), params, pairs, prefs, mask)
-    halves = [grad(cfg, tr.trainer_hparams(), params, jax.tree.map(lambda x: x[s], pairs), prefs[s], mask[s])[0]
+    full, _ = _grad(cfg, params, pairs, prefs, mask)
+    halves = [_grad(cfg, params, jax.tree.map(lambda x: x[s], pairs), prefs[s], mask[s])[0]
               for s in (slice(0, 3), slice(3, 6))]
     _close(full, jax.tree.map(jnp.add, *halves))
 
@@ -179,23 +186,23 @@ def test_bagging_resamples_with_replacement_per_member():
     valid[::4] = False  # 30 valid pairs, 10 invalid
     buf = _buffer(40, capacity=48, valid=valid)
     cfg = pf.RewardTrainer(NET, num_members=4).config
-    data = tr.prepare_data(0, buf, cfg)
+    data = splits.prepare(0, buf, cfg)
     assert int(data.n_train) == 30 and data.train_idx.shape == (4, 48)
     idx = np.asarray(data.train_idx)[:, :30]
-    allowed = set(np.flatnonzero(np.asarray(pf.buffer_mask(buf))).tolist())
+    allowed = set(np.flatnonzero(np.asarray(pf.buffer.mask(buf))).tolist())
     assert set(idx.reshape(-1).tolist()) <= allowed  # only valid stored pairs
     uniq = [len(set(row.tolist())) for row in idx]
     assert all(u < 30 for u in uniq)  # with replacement: duplicates
     np.testing.assert_allclose(np.mean(uniq) / 30, 1 - (1 - 1 / 30) ** 30, atol=0.12)
     assert len({tuple(r) for r in idx}) == 4  # one bootstrap per member
-    again = np.asarray(tr.prepare_data(1, buf, cfg).train_idx)[:, :30]
+    again = np.asarray(splits.prepare(1, buf, cfg).train_idx)[:, :30]
     assert not np.array_equal(again, idx)  # fresh on every call
     # frequencies over many draws are uniform over the valid pairs
-    big = np.asarray(jax.vmap(lambda k: tr.prepare_data(k, buf, cfg).train_idx[:, :30])(
+    big = np.asarray(jax.vmap(lambda k: splits.prepare(k, buf, cfg).train_idx[:, :30])(
         jax.random.split(jax.random.key(0), 200))).reshape(-1)
     counts = np.bincount(big, minlength=48)[sorted(allowed)]
     assert counts.min() > 0.7 * counts.mean() and counts.max() < 1.3 * counts.mean()
-    no_bag = tr.prepare_data(0, buf, pf.RewardTrainer(NET, num_members=4, bagging=False).config)
+    no_bag = splits.prepare(0, buf, pf.RewardTrainer(NET, num_members=4, bagging=False).config)
     np.testing.assert_array_equal(np.sort(np.asarray(no_bag.train_idx)[0, :30]), sorted(allowed))
 
 
@@ -206,12 +213,12 @@ def test_ensemble_step_equals_per_member_steps():
     buf = _buffer(12)
     idx = jnp.array([[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]])
     pairs = jax.tree.map(lambda x: x[idx], buf.pairs)
-    new, m = jax.jit(ens.step)(state, pairs, buf.prefs[idx])
-    step1 = jax.jit(single.step)
+    new, m = jax.jit(tr.step)(state, pairs, buf.prefs[idx], ens.config)
+    step1 = jax.jit(tr.step)
     for k in range(3):
-        s_k = single.init_from_params(jax.tree.map(lambda x: x[k], state.params))
+        s_k = tr.init(single.config, params=jax.tree.map(lambda x: x[k], state.params))
         s_k = s_k.replace(opt_state=jax.tree.map(lambda x: x[k], state.opt_state))
-        ref, mk = step1(s_k, jax.tree.map(lambda x: x[k], pairs), buf.prefs[idx[k]])
+        ref, mk = step1(s_k, jax.tree.map(lambda x: x[k], pairs), buf.prefs[idx[k]], single.config)
         _close_params(jax.tree.map(lambda x: x[k], new.params), ref.params)
         np.testing.assert_allclose(m["loss"][k], mk["loss"], rtol=1e-5)
 
@@ -254,24 +261,29 @@ def test_lp_penalty_and_weight_decay_regularizers():
     buf = _buffer(8)
     pairs, prefs, mask = jax.tree.map(lambda x: x[:4], buf.pairs), buf.prefs[:4], jnp.ones(4, bool)
     params = NET.init(jax.random.key(0), *EX)
-    plain = pf.RewardTrainer(NET, batch_size=4).config
-    lp = pf.RewardTrainer(NET, batch_size=4, regularizer=pf.lp_regularizer(0.3, p=2)).config
-    hp = tr.trainer_hparams()
-    grad = jax.jit(lambda cfg, hp, p, pr, y, m, lam=0.0: tr.minibatch_grad(p, pr, y, m, cfg, hp, lam), static_argnums=0)
-    g0, _ = grad(plain, hp, params, pairs, prefs, mask, 0.0)
-    g1, aux = grad(lp, hp, params, pairs, prefs, mask, 0.3)
-    _close(g1, jax.tree.map(lambda g, p: g + 0.3 * 2 * p, g0, params))
+    plain = tr.config(NET, batch_size=4)
+    g0, _ = _grad(plain, params, pairs, prefs, mask)
+    opt = tr._optimizer(plain)
+    # Lp: lam * |theta|^2 added to the minibatch loss, so its gradient 2 lam theta to the gradient
+    lp = tr.config(NET, batch_size=4, regularizer=pf.lp_regularizer(0.3, p=2))
+    st = tr.init(lp, params=params)
+    new, _ = jax.jit(tr.step)(st, pairs, prefs, lp)
+    upd, _ = opt.update(jax.tree.map(lambda g, p: g + 0.3 * 2 * p, g0, params), st.opt_state, params)
+    _close_params(new.params, optax.apply_updates(params, upd))
     penalty = sum(float(jnp.sum(x**2)) for x in jax.tree.leaves(params))
-    np.testing.assert_allclose(aux["regularized_loss"], aux["scaled_loss"] + 0.3 * penalty, rtol=1e-5)
-    # empty minibatch: no penalty either
-    g2, _ = grad(lp, hp, params, pairs, prefs, jnp.zeros(4, bool), 0.3)
-    _close(g2, jax.tree.map(jnp.zeros_like, params))
+    np.testing.assert_allclose(float(pf.regularization.lp_penalty(params)), penalty, rtol=1e-6)
+    one = _buffer(4, capacity=4)
+    _, out = jax.jit(tr.epoch)(tr.init(lp, params=params), 0, one, lp)
+    np.testing.assert_allclose(out["train/regularized_loss"], out["train/loss"] + 0.3 * penalty, rtol=1e-5)
+    # empty minibatch: no step, no penalty
+    same, _ = jax.jit(tr.step)(st, pairs, prefs, lp, mask=jnp.zeros(4, bool))
+    _close(same.params, params, rtol=0, atol=0)
     # weight decay: theta <- theta - lam * lr * theta after the minibatch, before the optimiser step
-    wd = pf.RewardTrainer(NET, batch_size=4, regularizer=pf.weight_decay_regularizer(0.5))
-    st = wd.init_from_params(params)
-    new, _ = jax.jit(wd.step)(st, pairs, prefs)
+    wd = tr.config(NET, batch_size=4, regularizer=pf.weight_decay_regularizer(0.5))
+    st = tr.init(wd, params=params)
+    new, _ = jax.jit(tr.step)(st, pairs, prefs, wd)
     decayed = jax.tree.map(lambda p: p * (1 - 0.5 * 1e-3), params)
-    upd, _ = tr.make_optimizer(hp).update(g0, st.opt_state, decayed)
+    upd, _ = opt.update(g0, st.opt_state, decayed)
     _close_params(new.params, optax.apply_updates(decayed, upd))
 
 
@@ -291,11 +303,11 @@ def _imitation_interval(lam, train_loss, val_loss, sf, lo, hi):
 
 def test_interval_param_scaler_rule():
     upd = pf.IntervalParamScaler(0.1, (1.1, 1.5))
-    cfg = pf.RewardTrainer(NET, regularizer=pf.lp_regularizer(0.2, lambda_updater=upd, val_split=0.25)).config
-    hp = tr.trainer_hparams(regularizer=pf.lp_regularizer(0.2, lambda_updater=upd, val_split=0.25))
+    cfg = tr.config(NET, regularizer=pf.lp_regularizer(0.2, lambda_updater=upd, val_split=0.25))
     cases = [(1.0, 1.2), (1.0, 2.0), (1.0, 0.5), (0.0, 0.0), (0.0, 1.0), (2.0, 2.2), (2.0, 3.0)]
     for tl, vl in cases:
-        got = tr._interval_update(cfg, hp, jnp.float32(0.2), jnp.float32(tl), jnp.float32(vl))
+        got = pf.regularization.interval_update(jnp.float32(0.2), jnp.float32(tl), jnp.float32(vl),
+                                                cfg.reg_scaling_factor, cfg.reg_interval_low, cfg.reg_interval_high)
         np.testing.assert_allclose(got, _imitation_interval(0.2, tl, vl, 0.1, 1.1, 1.5), rtol=1e-6)
 
 
@@ -306,7 +318,7 @@ def test_validation_split_training_and_error():
     with pytest.raises(ValueError, match="Not enough data samples to split into training and validation"):
         trainer.train(state, 0, _buffer(4))  # int(4 * 0.2) = 0 validation pairs
     buf = _buffer(10)
-    data = tr.prepare_data(0, buf, trainer.config)
+    data = splits.prepare(0, buf, trainer.config)
     assert int(data.n_val) == 2 and int(data.n_train) == 8  # int(10 * 0.2) = 2, as imitation
     for m in range(2):  # train and validation pairs of a member are disjoint draws of its bootstrap sample
         tr_idx = np.asarray(data.train_idx[m, :8])
@@ -324,53 +336,69 @@ def test_validation_split_training_and_error():
 
 
 # ------------------------------------------------------------- contracts
-def test_trainer_state_contract(tmp_path):
+def test_trainer_contract_donation_and_checkpoint(tmp_path):
     # eps = 1: Adam's normalisation would turn float rounding in near-zero gradients (dead units, the
     # output bias) into +-lr steps, so jit / vmap / eager could only be compared at that tolerance
-    trainer = pf.RewardTrainer(NET, num_members=2, batch_size=4, minibatch_size=2, eps=1.0)
-    cfg = trainer.config
+    cfg = tr.config(NET, num_members=2, batch_size=4, minibatch_size=2, eps=1.0)
     buf = _buffer(9)
-    data = tr.prepare_data(0, buf, cfg)
-    state0 = trainer.init(0, EX)
-
-    def update(state, key, buffer, d, hparams):
-        # hyperparameters ride in the state; passing new ones here checks that they never recompile
-        return tr.train_epoch(state.replace(hparams=hparams), key, buffer, d, cfg)
-
-    hp_alt = state0.hparams.replace(learning_rate=jnp.float32(0.05), noise_prob=jnp.float32(0.1),
-                                    discount=jnp.float32(0.9))
+    state0 = tr.init(cfg, 0, EX)
+    # hyperparameters are array leaves of the config: new values never recompile
+    cfg_alt = cfg.replace(learning_rate=jnp.float32(0.05), noise_prob=jnp.float32(0.1), discount=jnp.float32(0.9))
     check_state_contract(
-        init=lambda: trainer.init(0, EX),
-        update=update,
-        update_args=(jax.random.key(1), buf, data, state0.hparams),
-        update_args_alt=(jax.random.key(2), _buffer(7, seed=3), tr.prepare_data(1, _buffer(7, seed=3), cfg), hp_alt),
-        batched_init=lambda: jax.vmap(lambda k: trainer.init(k, EX))(jax.random.split(jax.random.key(0), 2)),
+        init=lambda: tr.init(cfg, 0, EX),
+        update=lambda s, k, b, c: tr.epoch(s, k, b, c, epochs=2),
+        update_args=(jax.random.key(1), buf, cfg),
+        update_args_alt=(jax.random.key(2), _buffer(7, seed=3), cfg_alt),
+        batched_init=lambda: jax.vmap(lambda k: tr.init(cfg, k, EX))(jax.random.split(jax.random.key(0), 2)),
         tmp_path=tmp_path,
         rtol=1e-5,
         atol=1e-6,
     )
-    # checkpoint round trip of reward-net params and optimiser state after training
-    trained, _ = jax.jit(update)(state0, jax.random.key(1), buf, data, hp_alt)
-    assert_checkpoint_roundtrip(trained, tmp_path, target=trainer.init(0, EX))
+    # the step too: eager == jit, no retrace for new hyperparameters
+    idx = jnp.array([[0, 1, 2, 3], [4, 5, 6, 7]])
+    pairs, prefs = jax.tree.map(lambda x: x[idx], buf.pairs), buf.prefs[idx]
+    check_state_contract(init=lambda: tr.init(cfg, 0, EX), update=tr.step, update_args=(pairs, prefs, cfg),
+                         update_args_alt=(pairs, prefs, cfg_alt), rtol=1e-5, atol=1e-6)
+    # vmap over a hyperparameter: a learning-rate sweep in one program; lr = 0 changes nothing
+    lrs = jnp.array([0.0, 1e-2], jnp.float32)
+    swept, _ = jax.vmap(lambda lr: tr.epoch(state0, 0, buf, cfg.replace(learning_rate=lr), epochs=2))(lrs)
+    _close(jax.tree.map(lambda x: x[0], swept.params), state0.params, rtol=0, atol=0)
+    assert not _leaves_equal(jax.tree.map(lambda x: x[1], swept.params), state0.params)
+    # donation: the jitted epoch reuses the state's memory
+    run = jax.jit(tr.epoch, donate_argnums=0)
+    donated = tr.init(cfg, 0, EX)
+    trained, _ = run(donated, jax.random.key(1), buf, cfg)
+    assert all(x.is_deleted() for x in jax.tree.leaves(donated))
+    assert all(not x.is_deleted() for x in jax.tree.leaves(cfg))
+    assert_checkpoint_roundtrip(trained, tmp_path, target=tr.init(cfg, 0, EX))
 
 
-def test_train_equals_jitted_train_epochs_and_lr_sweep():
+def test_config_is_checked_in_config_and_constructor():
+    for build in (lambda **kw: tr.config(NET, **kw), lambda **kw: tr.TrainerConfig(NET, **kw)):
+        with pytest.raises(ValueError, match="learning_rate must be"):
+            build(learning_rate=-0.1)
+        with pytest.raises(ValueError, match="b1 must be"):
+            build(b1=1.0)
+        with pytest.raises(ValueError, match="Batch size must be a multiple of minibatch size."):
+            build(batch_size=6, minibatch_size=4)
+    # traced values are not checked at construction (only under jaxweight.checked)
+    assert jax.jit(lambda lr: tr.config(NET).replace(learning_rate=lr).learning_rate)(jnp.float32(-1.0)) == -1.0
+
+
+def test_host_train_equals_one_jitted_epoch_call():
     trainer = pf.RewardTrainer(NET, num_members=2, batch_size=4, epochs=1, progress=False)
-    buf = _buffer(10)
+    cfg, buf = trainer.config, _buffer(10)
     state = trainer.init(0, EX)
     host, metrics = trainer.train(state, 7, buf, epoch_multiplier=3.0)
-    run = jax.jit(tr.train_epochs, static_argnums=(3, 4))
-    pure, hist = run(state, jax.random.key(7), buf, trainer.config, 3)
-    _close_params(host.params, pure.params)
-    assert hist["train/loss"].shape == (3, 2)
-    np.testing.assert_allclose(metrics["reward/final/train/loss"], np.asarray(hist["train/loss"][-1]).mean(), rtol=1e-5)
-    # sweep learning rates (and seeds) with vmap; lr = 0 leaves the params where they were
-    lrs = jnp.array([0.0, 1e-2], jnp.float32)
-    states = jax.vmap(lambda lr: state.replace(hparams=state.hparams.replace(learning_rate=lr)))(lrs)
-    swept, _ = jax.vmap(lambda s, k: tr.train_epochs(s, k, buf, trainer.config, 2))(
-        states, jax.random.split(jax.random.key(0), 2))
-    _close(jax.tree.map(lambda x: x[0], swept.params), state.params, rtol=0, atol=0)
-    assert not _leaves_equal(jax.tree.map(lambda x: x[1], swept.params), state.params)
+    run = jax.jit(lambda s, k, b, e: tr.epoch(s, k, b, cfg, epochs=e))
+    pure, last = run(state, jax.random.key(7), buf, jnp.int32(3))
+    _close(host, pure, rtol=0, atol=0)
+    np.testing.assert_allclose(metrics["reward/final/train/loss"], np.asarray(last["train/loss"]).mean(), rtol=1e-6)
+    one, _ = run(state, jax.random.key(7), buf, jnp.int32(1))  # same program, another count
+    assert int(one.steps) == 3 and int(pure.steps) == 9
+    flat = tr.metrics_dict(last, cfg)
+    assert set(flat) == {"preference/loss", "preference/accuracy", "preference/gt_reward_loss", "preference/n_invalid"}
+    assert all(isinstance(v, float) for v in flat.values())
 
 
 def test_non_finite_masked_pairs_do_not_poison_the_gradient():
@@ -379,74 +407,16 @@ def test_non_finite_masked_pairs_do_not_poison_the_gradient():
     bad = pairs.replace(obs=pairs.obs.at[3].set(jnp.nan), rews=pairs.rews.at[3].set(jnp.inf))
     prefs = buf.prefs[:4].at[3].set(jnp.nan)
     mask = jnp.array([True, True, True, False])
-    cfg = pf.RewardTrainer(NET, batch_size=4).config
-    params = NET.init(jax.random.key(0), *EX)
-    grad = jax.jit(lambda cfg, hp, p, pr, y, m, lam=0.0: tr.minibatch_grad(p, pr, y, m, cfg, hp, lam), static_argnums=0)
-    g_bad, aux = grad(cfg, tr.trainer_hparams(), params, bad, prefs, mask, 0.0)
-    g_ok, _ = grad(cfg, tr.trainer_hparams(), params, pairs, buf.prefs[:4], mask, 0.0)
-    _close(g_bad, g_ok, rtol=0, atol=0)
-    assert all(np.isfinite(float(aux[k])) for k in ("loss", "accuracy", "gt_reward_loss"))
-
-
-# ------------------------------------------------------ deprecated aliases
-def test_old_config_first_orders_are_deprecated_aliases():
-    trainer = pf.RewardTrainer(NET, num_members=2, batch_size=4, progress=False)
-    cfg, buf = trainer.config, _buffer(9)
-    state = trainer.init(0, EX)
-    key = jax.random.key(3)
-    data = tr.prepare_data(key, buf, cfg)
-    with pytest.deprecated_call():
-        old = tr.prepare_data(cfg, key, buf)
-    _close(old, data, rtol=0, atol=0)
-    new_e = tr.train_epoch(state, key, buf, data, cfg)
-    with pytest.deprecated_call():
-        old_e = tr.train_epoch(cfg, state, key, buf, data)
-    _close(old_e, new_e, rtol=0, atol=0)
-    new_es = tr.train_epochs(state, key, buf, cfg, 2)
-    with pytest.deprecated_call():
-        old_es = tr.train_epochs(cfg, state, key, buf, 2)
-    _close(old_es, new_es, rtol=0, atol=0)
-    idx = jnp.array([[0, 1, 2, 3], [4, 5, 6, 7]])
-    pairs, prefs = jax.tree.map(lambda x: x[idx], buf.pairs), buf.prefs[idx]
-    new_s = tr.train_step(state, pairs, prefs, cfg)
-    with pytest.deprecated_call():
-        old_s = tr.train_step(cfg, state, pairs, prefs)
-    _close(old_s, new_s, rtol=0, atol=0)
-    single = pf.RewardTrainer(NET, batch_size=4).config
-    p0, hp = jax.tree.map(lambda x: x[0], state.params), state.hparams
-    mask = jnp.ones(4, bool)
-    new_g = tr.minibatch_grad(p0, jax.tree.map(lambda x: x[0], pairs), prefs[0], mask, single, hp)
-    with pytest.deprecated_call():
-        old_g = tr.minibatch_grad(single, hp, p0, jax.tree.map(lambda x: x[0], pairs), prefs[0], mask)
-    _close(old_g, new_g, rtol=0, atol=0)
-
-
-@pytest.mark.parametrize("name,module", [("trainer_hparams", "training"), ("num_epochs", "training"),
-                                         ("as_space", "reward_nets"), ("binary_cross_entropy", "model"),
-                                         ("buffer_ordered", "buffer"), ("uncertainty_scores", "fragments")])
-def test_moved_package_names_are_deprecated_aliases(name, module):
-    import importlib
-
-    with pytest.deprecated_call():
-        got = getattr(pf, name)
-    assert got is getattr(importlib.import_module(f"jaxweight.preference.{module}"), name)
-    assert name not in pf.__all__
-
-
-def test_train_reward_equals_train_epochs_last_epoch_and_traced_epochs():
-    trainer = pf.RewardTrainer(NET, num_members=2, batch_size=4, progress=False)
-    cfg, buf = trainer.config, _buffer(10)
-    state = trainer.init(0, EX)
-    ref, hist = jax.jit(tr.train_epochs, static_argnums=(3, 4))(state, jax.random.key(5), buf, cfg, 3)
-    run = jax.jit(lambda s, k, b, e: pf.train_reward(s, k, b, cfg, epochs=e))
-    got, last = run(state, jax.random.key(5), buf, jnp.int32(3))
+    cfg = tr.config(NET, batch_size=4)
+    state = tr.init(cfg, 0, EX)
+    got, m_bad = jax.jit(tr.step)(state, bad, prefs, cfg, mask=mask)
+    ref, _ = jax.jit(tr.step)(state, pairs, buf.prefs[:4], cfg, mask=mask)
     _close(got, ref, rtol=0, atol=0)
-    _close(last, jax.tree.map(lambda x: x[-1], hist), rtol=0, atol=0)
-    one, _ = run(state, jax.random.key(5), buf, jnp.int32(1))  # same program, another count
-    assert int(one.steps) == 3 and int(got.steps) == 9
-    flat = pf.metrics_dict(last)
-    assert set(flat) == {"preference/loss", "preference/accuracy", "preference/gt_reward_loss", "preference/n_invalid"}
-    assert all(isinstance(v, float) for v in flat.values())
+    assert all(np.isfinite(float(m_bad[k])) for k in ("loss", "accuracy", "gt_reward_loss"))
+    # masked in, the bad pair is left out and counted
+    got2, m2 = jax.jit(tr.step)(state, bad, prefs, cfg)
+    _close(got2, ref, rtol=0, atol=0)
+    assert int(m2["n_invalid"]) == 1
 
 
 def test_progress_and_callback_are_explicit(capsys):

@@ -1,0 +1,512 @@
+"""The preference-comparisons loop on the host (imitation's ``PreferenceComparisons.train``).
+
+:class:`PreferenceComparisons` holds the settings (a
+:class:`~jaxweight.preference.loop.LoopConfig` without a plan), builds the
+run's config for its totals and runs the pure rounds of
+:mod:`jaxweight.preference.loop` one compiled round at a time (vmapped over
+``num_seeds`` seeds when asked), so ``train`` and ``loop.run`` agree bit for
+bit. Between rounds it checks the horizons, reports through
+``callback(round)`` and ``progress(round, num_rounds, metrics)``, and with
+``checkpoint_dir`` saves the state after every round; ``resume=True``
+continues a killed run bit-identically. Every setting that changes results is
+fingerprinted in the checkpoint; a resume with other settings is refused with
+the list of differences unless ``allow_changed`` is passed.
+
+Example::
+
+    import numpy as np
+    from jaxweight.preference import Box, Discrete, RewardMLP, trajectories_from_arrays
+    from jaxweight.preference.driver import PreferenceComparisons
+    from jaxweight.preference.generators import DatasetGenerator
+    rng = np.random.default_rng(0)
+    trajs = trajectories_from_arrays([rng.normal(size=(9, 2)) for _ in range(4)],
+                                     [rng.integers(0, 2, 8) for _ in range(4)], [rng.normal(size=8)] * 4)
+    net = RewardMLP(hidden_sizes=(4,), observation_space=Box((2,)), action_space=Discrete(2))
+    pc = PreferenceComparisons(DatasetGenerator(trajs), net, 1, fragment_length=3, initial_epoch_multiplier=1.0)
+    plan = pc.plan(0, 20)                         # pc.train(0, 0, 20) runs it; pc.run(0, 0, 20) in one program
+    assert plan.schedule == (2, 18) and plan.capacity == 20
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import checkpoint
+from .._util import StateFileError, as_key, check_static_int, check_value, progress_bar
+from . import loop
+from .buffer import PreferenceBuffer
+from .loop import VARIABLE_HORIZON_MESSAGE, LoopConfig, LoopPlan, LoopState, _jsonable, learned_reward_fn
+from .trainer import RewardTrainer
+
+try:  # the agent generators need gymnax (the ``rl`` extra); datasets and the loop itself do not
+    from .generators import HostGenerator
+except ImportError:  # pragma: no cover - exercised only without gymnax
+    HostGenerator = ()
+
+__all__ = ["PreferenceComparisons", "tqdm_progress", "CHECKPOINT_NAME"]
+
+Array = jax.Array
+logger = logging.getLogger("jaxweight.preference")
+
+CHECKPOINT_NAME = "loop_state.ckpt"
+_FINGERPRINT_VERSION = 3
+_SETTINGS = loop._STATIC + tuple(loop._HPARAMS)
+
+_ALLOW_VARIABLE_HORIZON_WARNING = (
+    "Running with `allow_variable_horizon` set to True. Some algorithms are biased towards shorter or longer "
+    "episodes, which may significantly confound results. Additionally, even unbiased algorithms can exploit "
+    "the information leak from the termination condition, producing spuriously high performance. See "
+    "https://imitation.readthedocs.io/en/latest/getting-started/variable-horizon.html for more information."
+)
+
+
+def _fields(prefix: str, obj: Any, names: Iterable[str]) -> dict[str, Any]:
+    return {f"{prefix}/{n}": _jsonable(getattr(obj, n)) for n in names}
+
+
+def _fingerprint_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``["name (checkpoint X, now Y)", ...]`` for every field that differs (sorted by name)."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k, "<absent>"), new.get(k, "<absent>")
+        if a != b:
+            out.append(f"{k} (checkpoint {a!r}, now {b!r})")
+    return out
+
+
+def tqdm_progress(desc: str = "Preference comparisons") -> Callable[[int, int, dict], None]:
+    """A ``progress(round, num_rounds, metrics)`` for :meth:`PreferenceComparisons.train`: a progress bar
+    with the reward loss, accuracy and the agent's true return (host side)."""
+    bar = None
+
+    def progress(i: int, n: int, host: dict) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = progress_bar(n, desc, initial=i, unit="round", dynamic_ncols=True)
+        bar.update(1)
+        bar.set_postfix(_postfix(host))
+        if i + 1 >= n:
+            bar.close()
+
+    return progress
+
+
+def _postfix(host: dict) -> dict[str, str]:
+    out = {"loss": f"{float(np.mean(host['reward_loss'])):.3f}",
+           "acc": f"{float(np.mean(host['reward_accuracy'])):.3f}"}
+    fresh = np.asarray(host["fresh_accuracy"], np.float64)
+    if np.any(np.isfinite(fresh)) and np.all(np.asarray(host["round"]) > 0):
+        out["new_acc"] = f"{float(np.nanmean(fresh)):.3f}"
+    gt = np.asarray(host["gt_return"], np.float64)
+    if np.all(np.isfinite(gt)):
+        out["return"] = f"{float(np.mean(gt)):.1f}"
+    return out
+
+
+class PreferenceComparisons:
+    """imitation's ``PreferenceComparisons``: the host driver of :mod:`jaxweight.preference.loop`.
+
+    Args:
+      generator: a pure trajectory generator (``init``, ``sample``, ``train``;
+        optionally ``evaluate`` and ``trained_steps``): ``AgentGenerator`` or
+        ``DatasetGenerator``. An ``AgentGenerator`` built without a
+        ``reward_apply`` is bound to the learned reward (:func:`~jaxweight.preference.loop.learned_reward_fn`).
+      reward_module: the reward network (e.g. :class:`~jaxweight.preference.RewardMLP`).
+      num_iterations ... allow_variable_horizon, fragmenter, active_sample_factor,
+        uncertainty_on, sample, normalize_agent_reward, eval_episodes,
+        temperature, discount, threshold, alpha: the settings, see
+        :class:`~jaxweight.preference.loop.LoopConfig` (``pc.config``; readable
+        and settable as attributes, validated).
+      reward_trainer: a :class:`~jaxweight.preference.RewardTrainer` for
+        ``reward_module`` (default: a single net with imitation's defaults).
+      progress: ``progress(round, num_rounds, metrics)`` called by :meth:`train`
+        after every round, ``True`` for a progress bar (:func:`tqdm_progress`),
+        or ``False``/``None`` (default: nothing is printed).
+
+    Raises:
+      ValueError: bad sizes or fractions, a trainer for another module, a
+        generator without the pure protocol, fragments longer than every episode.
+    """
+
+    def __init__(
+        self,
+        generator: Any,
+        reward_module: nn.Module,
+        num_iterations: int,
+        fragment_length: int = 100,
+        transition_oversampling: float = 1,
+        initial_comparison_frac: float = 0.1,
+        initial_epoch_multiplier: float = 200.0,
+        comparison_queue_size: int | None = None,
+        query_schedule: str | Callable[[Any], Any] = "hyperbolic",
+        allow_variable_horizon: bool = False,
+        *,
+        reward_trainer: RewardTrainer | None = None,
+        fragmenter: str = "random",
+        active_sample_factor: float = 4.0,
+        uncertainty_on: str = "logit",
+        temperature: float = 1.0,
+        discount: float = 1.0,
+        sample: bool = True,
+        threshold: float = 50.0,
+        alpha: float = 0.0,
+        normalize_agent_reward: bool = True,
+        eval_episodes: int = 8,
+        progress: bool | Callable[[int, int, dict], Any] | None = None,
+    ):
+        if isinstance(generator, HostGenerator):
+            raise ValueError("generator must be a pure generator, not a HostGenerator (pass HostGenerator.gen)")
+        for name in ("init", "sample", "train"):
+            if not callable(getattr(generator, name, None)):
+                raise ValueError(
+                    f"generator must be a pure generator with init/sample/train (e.g. AgentGenerator), "
+                    f"got {type(generator).__name__} without {name!r}"
+                )
+        if reward_trainer is None:
+            reward_trainer = RewardTrainer(reward_module)
+        if not isinstance(reward_trainer, RewardTrainer):
+            raise ValueError(f"reward_trainer must be a RewardTrainer, got {type(reward_trainer).__name__}")
+        if reward_trainer.module != reward_module:
+            raise ValueError("reward_trainer trains another module than reward_module")
+        hp = dict(temperature=temperature, discount=discount, threshold=threshold, alpha=alpha)
+        for name, rng in loop._HPARAMS.items():
+            check_value(hp[name], name, **rng)
+        if getattr(generator, "reward_apply", "absent") is None and hasattr(generator, "with_reward"):
+            generator = generator.with_reward(learned_reward_fn(reward_module, reward_trainer.ensemble))
+        cfg = LoopConfig(
+            num_iterations=check_static_int(num_iterations, "num_iterations", 1),
+            fragment_length=check_static_int(fragment_length, "fragment_length", 1),
+            transition_oversampling=transition_oversampling, initial_comparison_frac=initial_comparison_frac,
+            initial_epoch_multiplier=initial_epoch_multiplier, comparison_queue_size=comparison_queue_size,
+            query_schedule=query_schedule, allow_variable_horizon=bool(allow_variable_horizon),
+            fragmenter=fragmenter, active_sample_factor=active_sample_factor, uncertainty_on=uncertainty_on,
+            sample=bool(sample), normalize_agent_reward=bool(normalize_agent_reward), eval_episodes=eval_episodes,
+            generator=generator, reward_module=reward_module, trainer=reward_trainer.config,
+            **{k: jnp.asarray(v, jnp.float32) for k, v in hp.items()},
+        )
+        object.__setattr__(self, "config", cfg)
+        if cfg.allow_variable_horizon:
+            logger.warning(_ALLOW_VARIABLE_HORIZON_WARNING)
+        self.progress = progress
+        self.reward_module = reward_module
+        self.reward_trainer = reward_trainer
+        self.ensemble = reward_trainer.ensemble
+        self.generator = generator
+        self._check_generator()
+        self._jit: dict = {}
+        self.state: LoopState | None = None
+        self.history: list[dict] = []
+        self.overrides: list[dict] = []
+        self._iteration = 0
+
+    # -------------------------------------------------------------- settings
+    def __getattr__(self, name: str) -> Any:
+        # the settings live in ONE place, self.config; read them as attributes
+        if name in _SETTINGS:
+            return getattr(self.__dict__["config"], name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _SETTINGS:  # validated by the config's constructor
+            if name in loop._HPARAMS:
+                check_value(value, name, **loop._HPARAMS[name])
+                value = jnp.asarray(value, jnp.float32)
+            object.__setattr__(self, "config", self.__dict__["config"].replace(**{name: value}))
+            self.__dict__.get("_jit", {}).clear()
+            if name == "fragment_length":
+                self._check_generator()
+            return
+        object.__setattr__(self, name, value)
+
+    def _check_generator(self) -> None:
+        """No empty work: fragments must fit in the generator's episodes."""
+        gen, cfg = self.generator, self.config
+        horizons = getattr(gen, "horizons", None)
+        if horizons is not None and len(set(horizons)) > 1 and not cfg.allow_variable_horizon:
+            raise ValueError(VARIABLE_HORIZON_MESSAGE.format(horizons=sorted(set(horizons))))
+        longest = getattr(gen, "max_length", None)
+        if longest is None:
+            longest = getattr(gen, "horizon", None)
+        if longest is not None and cfg.fragment_length > int(longest):
+            raise ValueError(
+                f"fragment_length {cfg.fragment_length} is longer than the generator's episodes (at most "
+                f"{int(longest)} steps): no fragment fits, so there would be no comparisons; use "
+                f"fragment_length <= {int(longest)}"
+            )
+
+    def plan(self, total_timesteps: int, total_comparisons: int) -> LoopPlan:
+        """The per-round schedule of a run (see :func:`~jaxweight.preference.loop.make_plan`)."""
+        return loop.make_plan(self.config, total_timesteps, total_comparisons)
+
+    def config_for(self, total_timesteps: int, total_comparisons: int) -> LoopConfig:
+        """The :class:`~jaxweight.preference.loop.LoopConfig` of a run with these totals (the pure API's ``cfg``)."""
+        return self.config.replace(plan=self.plan(total_timesteps, total_comparisons))
+
+    def agent_reward(self, state: LoopState) -> loop.AgentReward:
+        """The :class:`~jaxweight.preference.loop.AgentReward` the agent trains on after the last finished round."""
+        return loop.agent_reward(state, self.config)
+
+    # -------------------------------------------------------------- compiled programs
+    @staticmethod
+    def _keys(key: Any, num_seeds: int | None) -> tuple[Array, Array]:
+        """``(init keys, run keys)``: the run key is the third part of each init key."""
+        if num_seeds is None:
+            k = as_key(key)
+            return k, jax.random.split(k, 3)[2]
+        keys = jax.random.split(as_key(key), check_static_int(num_seeds, "num_seeds", 1))
+        return keys, jax.vmap(lambda k: jax.random.split(k, 3)[2])(keys)
+
+    def _fn(self, name: str, batched: bool):
+        if (name, batched) not in self._jit:
+            if name == "init":
+                fn = jax.vmap(loop.init, in_axes=(None, 0)) if batched else loop.init
+            else:
+                fn = jax.vmap(loop.rounds, in_axes=(0, 0, None, None, None)) if batched else loop.rounds
+            self._jit[(name, batched)] = jax.jit(fn)
+        return self._jit[(name, batched)]
+
+    def _call(self, name: str, batched: bool, cfg: LoopConfig, *args):
+        if name == "rounds":  # start, stop as i32[] (the compiled program's argument types)
+            args = (*args[:2], *(jnp.asarray(v, jnp.int32) for v in args[2:]))
+        aot = self._jit.get(("aot", name, cfg.plan, batched))
+        if aot is not None and not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args)):
+            try:
+                return aot(*args) if name == "init" else aot(*args[:2], cfg, *args[2:])
+            except TypeError:  # e.g. weak-typed leaves of a hand-built state: let jit specialise
+                pass
+        if name == "init":
+            return self._fn("init", batched)(cfg, *args)
+        return self._fn("rounds", batched)(args[0], args[1], cfg, *args[2:])
+
+    def compile(self, total_timesteps: int, total_comparisons: int, *, num_seeds: int | None = None) -> None:
+        """Compile ``init`` and the rounds program ahead of time, so a caller can time compilation apart.
+
+        Optional: without it the first round compiles.
+        """
+        cfg = self.config_for(total_timesteps, total_comparisons)
+        batched = num_seeds is not None
+        keys, run_keys = self._keys(0, num_seeds)
+        init = self._fn("init", batched)
+        if ("aot", "init", cfg.plan, batched) not in self._jit:
+            compiled = init.lower(cfg, keys).compile()
+            self._jit[("aot", "init", cfg.plan, batched)] = lambda k: compiled(cfg, k)
+        if ("aot", "rounds", cfg.plan, batched) not in self._jit:
+            i32 = jax.ShapeDtypeStruct((), jnp.int32)
+            state = jax.eval_shape(init, cfg, keys)
+            self._jit[("aot", "rounds", cfg.plan, batched)] = (
+                self._fn("rounds", batched).lower(state, run_keys, cfg, i32, i32).compile())
+
+    def init_run(self, key: Any, total_timesteps: int, total_comparisons: int, *,
+                 num_seeds: int | None = None) -> LoopState:
+        """The state :meth:`train` starts from: ``loop.init`` (jitted) of ``key``, or of ``num_seeds`` keys split from it."""
+        cfg = self.config_for(total_timesteps, total_comparisons)
+        return self._call("init", num_seeds is not None, cfg, self._keys(key, num_seeds)[0])
+
+    def run(self, key: Any, total_timesteps: int, total_comparisons: int, *,
+            num_seeds: int | None = None) -> tuple[LoopState, dict]:
+        """The whole run in one call (one compiled program for all rounds); same keys and results as :meth:`train`.
+
+        Returns:
+          ``(state, out)``, every metric with a leading round axis ``K + 1`` (after the seed axis).
+        """
+        cfg = self.config_for(total_timesteps, total_comparisons)
+        batched = num_seeds is not None
+        keys, run_keys = self._keys(key, num_seeds)
+        state = self._call("init", batched, cfg, keys)
+        return self._call("rounds", batched, cfg, state, run_keys, 0, cfg.plan.num_rounds)
+
+    # -------------------------------------------------------------- fingerprint / resume
+    def fingerprint(self, plan: LoopPlan, num_seeds: int | None = None) -> dict[str, Any]:
+        """Every setting that changes a run's results, as a flat JSON-ready ``{name: value}``.
+
+        The plan, the seed count, the loop settings and hyperparameters, the
+        reward model (module, trainer config and hyperparameters) and the
+        generator (its ``fingerprint()``). Stored in every checkpoint;
+        :meth:`train` compares it on resume.
+        """
+        tcfg = self.reward_trainer.config
+        fp: dict[str, Any] = {"version": _FINGERPRINT_VERSION, "num_seeds": num_seeds}
+        fp.update(_fields("plan", plan, [f.name for f in dataclasses.fields(plan)]))
+        fp.update(_fields("loop", self.config, _SETTINGS))
+        fp.update(_fields("reward", tcfg, [f.name for f in dataclasses.fields(tcfg) if f.name != "module"]))
+        fp["reward/module"] = repr(self.reward_module)
+        reg = getattr(self.reward_trainer, "regularizer", None)
+        fp["reward/regularizer"] = None if reg is None else repr(reg)
+        gen_fp = self.generator.fingerprint() if hasattr(self.generator, "fingerprint") else {}
+        fp["generator/type"] = type(self.generator).__name__
+        fp.update({f"generator/{k}": _jsonable(v) for k, v in gen_fp.items()})
+        return json.loads(json.dumps(fp))
+
+    def _with_current_hparams(self, state: LoopState) -> LoopState:
+        """``state`` with the agent's current hyperparameter leaves (they ride in its state), broadcast to its seeds."""
+        gen_hp = getattr(self.generator, "hparams", None)
+        ppo = getattr(state.gen, "ppo", None)
+        if gen_hp is not None and ppo is not None and hasattr(ppo, "hparams"):
+            new = jax.tree.map(lambda o, n: jnp.broadcast_to(jnp.asarray(n, o.dtype), o.shape), ppo.hparams, gen_hp)
+            state = state.replace(gen=state.gen.replace(ppo=ppo.replace(hparams=new)))
+        return state
+
+    def check_checkpoint(
+        self, checkpoint_dir: str | Path, total_timesteps: int, total_comparisons: int, *,
+        num_seeds: int | None = None, allow_changed: bool | Iterable[str] = False,
+    ) -> list[str]:
+        """What ``train(..., checkpoint_dir=..., resume=True)`` would say about the checkpoint, without training.
+
+        Returns:
+          The differing fields (``[]``: none, or no checkpoint), allowed by ``allow_changed``.
+
+        Raises:
+          ValueError: differing settings not allowed by ``allow_changed`` (listed).
+          jaxweight.StateFileError: a corrupted, truncated or foreign checkpoint file.
+        """
+        ckpt = Path(checkpoint_dir) / CHECKPOINT_NAME
+        if not ckpt.exists():
+            return []
+        cfg = self.config_for(total_timesteps, total_comparisons)
+        keys, _ = self._keys(0, num_seeds)
+        target = jax.eval_shape(self._fn("init", num_seeds is not None), cfg, keys)
+        _, _, note = self._load(ckpt, self.fingerprint(cfg.plan, num_seeds), target, allow_changed, quiet=True)
+        return [] if note is None else list(note["changed"])
+
+    def _load(self, ckpt: Path, fingerprint: dict, target: Any, allow_changed: bool | Iterable[str],
+              quiet: bool = False):
+        try:
+            state, meta = checkpoint.load_with_metadata(ckpt, target)
+            failed = None
+        except checkpoint.CheckpointError as e:  # may be a shape change: report the fingerprint first
+            state, failed = None, e
+            meta = checkpoint.load_metadata(ckpt)
+        old = meta.get("fingerprint")
+        if not isinstance(old, dict) or "version" not in old:
+            raise StateFileError(
+                f"checkpoint {str(ckpt)!r} has no preference-loop fingerprint (written by something else or by an "
+                "older jaxweight); use another checkpoint_dir or resume=False"
+            )
+        diff = _fingerprint_diff(old, fingerprint)
+        changed = [d.split(" (", 1)[0] for d in diff]
+        if diff:
+            allowed = set(changed) if allow_changed is True else set(allow_changed or ())
+            refused = [d for d, c in zip(diff, changed) if c not in allowed]
+            if refused or failed is not None:
+                hint = ("these change the shapes of the saved state, so it cannot be resumed; "
+                        if failed is not None and not refused else "")
+                raise ValueError(
+                    f"checkpoint {str(ckpt)!r} belongs to another run: settings differ: {'; '.join(refused or diff)}. "
+                    + hint + "Use another checkpoint_dir, resume=False, or allow_changed=True (demo: "
+                    "--resume-override) to continue with the new values"
+                )
+            note = {"round": int(meta.get("rounds_done", 0)), "changed": diff}
+            if quiet:
+                return None, meta, note
+            logger.warning("resuming %s with changed settings: %s", ckpt, "; ".join(diff))
+            return self._with_current_hparams(state), meta, note
+        if failed is not None:
+            raise failed
+        return state, meta, None
+
+    # -------------------------------------------------------------- host driver
+    def train(
+        self,
+        key: Any,
+        total_timesteps: int,
+        total_comparisons: int,
+        callback: Callable[[int], None] | None = None,
+        *,
+        num_seeds: int | None = None,
+        checkpoint_dir: str | Path | None = None,
+        resume: bool = False,
+        allow_changed: bool | Iterable[str] = False,
+        progress: bool | Callable[[int, int, dict], Any] | None = None,
+    ) -> dict[str, Any]:
+        """Run the loop on the host, one compiled round at a time (imitation's ``train``).
+
+        Args:
+          key: key or int seed of the run (split into ``num_seeds`` run keys when given).
+          total_timesteps: agent steps over the whole run.
+          total_comparisons: comparisons over the whole run.
+          callback: called as ``callback(round)`` after every round; ``self.state``
+            and ``self.history`` hold the round's results.
+          num_seeds: run this many independent seeds at once (one vmapped program).
+          checkpoint_dir: save the loop state after every round to
+            ``checkpoint_dir/loop_state.ckpt`` (atomic; history, fingerprint and
+            overrides in its metadata).
+          resume: continue from the checkpoint in ``checkpoint_dir`` if there is one.
+          allow_changed: resume even though these fingerprint fields (``True``: any)
+            differ; the change is logged and kept in ``self.overrides`` and the checkpoint.
+          progress: ``progress(round, num_rounds, metrics)`` after every round
+            (default: the constructor's; ``True``: a progress bar).
+
+        Returns:
+          ``{"reward_loss", "reward_accuracy"}`` of the last round (floats, or
+          ``f32[num_seeds]``); per-round metrics are in ``self.history``.
+
+        Raises:
+          ValueError: the errors of :meth:`plan`; terminal episodes of different
+            lengths without ``allow_variable_horizon`` (the round is not committed);
+            a checkpoint whose fingerprint differs (the differing fields are listed).
+          jaxweight.StateFileError: a corrupted, truncated or foreign checkpoint file.
+        """
+        cfg = self.config_for(total_timesteps, total_comparisons)
+        plan = cfg.plan
+        batched = num_seeds is not None
+        keys, run_keys = self._keys(key, num_seeds)
+        progress = self.progress if progress is None else progress
+        if progress is True:
+            progress = tqdm_progress()
+        fingerprint = self.fingerprint(plan, num_seeds)
+        ckpt = None if checkpoint_dir is None else Path(checkpoint_dir) / CHECKPOINT_NAME
+        history: list[dict] = []
+        overrides: list[dict] = []
+        state = None
+        if resume and ckpt is not None and ckpt.exists():
+            target = jax.eval_shape(self._fn("init", batched), cfg, keys)
+            state, meta, note = self._load(ckpt, fingerprint, target, allow_changed)
+            history = list(meta.get("history", []))
+            overrides = list(meta.get("overrides", [])) + ([note] if note else [])
+        if state is None:
+            state = self._call("init", batched, cfg, keys)
+        self.overrides = overrides
+        start = int(np.max(np.asarray(jax.device_get(state.round))))
+        self._iteration = start
+        for i in range(start, plan.num_rounds):
+            new_state, rows = self._call("rounds", batched, cfg, state, run_keys, i, i + 1)
+            host = {k: np.asarray(v)[..., i] for k, v in jax.device_get(rows).items()}
+            if bool(np.any(host["variable_horizon"])) and not cfg.allow_variable_horizon:
+                hs = sorted({int(v) for v in np.ravel(host["horizon_min"])} | {int(v) for v in np.ravel(host["horizon_max"])})
+                raise ValueError(VARIABLE_HORIZON_MESSAGE.format(horizons=hs))
+            state = new_state
+            history.append({k: v.tolist() for k, v in host.items()})
+            if ckpt is not None:
+                checkpoint.save(ckpt, state, metadata={"fingerprint": fingerprint, "history": history,
+                                                       "rounds_done": i + 1, "overrides": overrides})
+            self.state, self.history = state, history
+            self._iteration = i + 1
+            if progress:
+                progress(i, plan.num_rounds, host)
+            if callback is not None:
+                callback(i)
+        self.state, self.history = state, history
+        last = history[-1] if history else {}
+        pick = (lambda v: np.asarray(v, np.float32)) if batched else (lambda v: float(v))
+        return {"reward_loss": pick(last.get("reward_loss", np.nan)),
+                "reward_accuracy": pick(last.get("reward_accuracy", np.nan))}
+
+    @property
+    def sample_labels(self) -> bool:
+        """Whether the teacher samples Bernoulli labels (``config.sample``)."""
+        return self.config.sample
+
+    @property
+    def dataset(self) -> PreferenceBuffer | None:
+        """The comparison buffer of the last run (imitation's ``dataset``)."""
+        return None if self.state is None else self.state.buffer

@@ -1,0 +1,269 @@
+"""A compact PPO agent (purejaxrl-style, flax + optax): config, hyperparameters, network, state and loss.
+
+Used by :class:`~jaxweight.preference.generators.AgentGenerator`. Every state
+leaf has an explicit dtype and every continuous hyperparameter is an array
+leaf (vmappable, never recompiles). Not rejax's PPO: rejax 0.1.3 keeps Python
+scalars in its train state, bakes the learning rate into a static optimizer
+and its rollouts drop the pre-reset final observation that fragments need.
+
+Example::
+
+    import jax, jax.numpy as jnp
+    from jaxweight.preference.ppo import ActorCritic, PPOConfig, PPOHParams
+    cfg, hp = PPOConfig(num_envs=2, num_steps=8), PPOHParams.create(learning_rate=3e-4)
+    net = ActorCritic(action_dim=2, discrete=True, hidden_sizes=(8,))
+    params = net.init(jax.random.key(0), jnp.zeros((1, 4)))
+    logits, log_std, value = net.apply(params, jnp.zeros((3, 4)))
+    assert logits.shape == (3, 2) and value.shape == (3,) and cfg.batch_size == 16
+
+References:
+  Schulman et al. 2017 (PPO, arXiv:1707.06347); purejaxrl (Lu et al. 2022).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+from flax import struct
+
+from .._util import check_value
+
+__all__ = ["PPOConfig", "PPOHParams", "PPOState", "ActorCritic", "Transition", "orthogonal", "gae", "ppo_loss"]
+
+Array = jax.Array
+
+
+@struct.dataclass
+class PPOConfig:
+    """Structural PPO settings (static; changing them recompiles).
+
+    Attributes:
+      num_envs: parallel environments per update (E).
+      num_steps: rollout length per environment per update (S); an update uses
+        ``E * S`` transitions.
+      num_minibatches: minibatches per epoch (must divide ``E * S``).
+      update_epochs: passes over each rollout.
+      hidden_sizes: MLP widths of the actor and of the critic.
+      activation: ``"tanh"`` or ``"relu"`` (any ``flax.linen`` activation name).
+      max_grad_norm: global-norm gradient clipping.
+    """
+
+    num_envs: int = struct.field(pytree_node=False, default=16)
+    num_steps: int = struct.field(pytree_node=False, default=128)
+    num_minibatches: int = struct.field(pytree_node=False, default=4)
+    update_epochs: int = struct.field(pytree_node=False, default=4)
+    hidden_sizes: tuple = struct.field(pytree_node=False, default=(64, 64))
+    activation: str = struct.field(pytree_node=False, default="tanh")
+    max_grad_norm: float = struct.field(pytree_node=False, default=0.5)
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+
+@struct.dataclass
+class PPOHParams:
+    """Continuous PPO hyperparameters, all ``f32[]`` leaves (vmappable, never recompile).
+
+    Attributes:
+      learning_rate: Adam step size (default 1e-3).
+      gamma, gae_lambda: discount and GAE lambda (0.99, 0.95).
+      clip_eps: PPO ratio clipping (0.2).
+      ent_coef, vf_coef: entropy bonus and value-loss weights (0.01, 0.5).
+      vf_clip: if > 0, clip the value update to ``+-vf_clip`` around the
+        rollout's values (purejaxrl clips with ``clip_eps``); 0 (default, as
+        Stable-Baselines3) does not clip: clipping slows the critic badly when
+        returns are large, as with a learned reward of unknown scale.
+      anneal_steps: if > 0, the learning rate decays linearly from
+        ``learning_rate`` to 0 over this many trained environment steps
+        (purejaxrl's annealing); 0 keeps it constant (default).
+    """
+
+    learning_rate: Array
+    gamma: Array
+    gae_lambda: Array
+    clip_eps: Array
+    ent_coef: Array
+    vf_coef: Array
+    vf_clip: Array
+    anneal_steps: Array
+
+    @classmethod
+    def create(cls, learning_rate=1e-3, gamma=0.99, gae_lambda=0.95, clip_eps=0.2, ent_coef=0.01, vf_coef=0.5,
+               vf_clip=0.0, anneal_steps=0.0):
+        """Validated hyperparameters.
+
+        Raises:
+          ValueError: naming the value and its range: ``learning_rate``,
+            ``clip_eps``, ``ent_coef``, ``vf_coef``, ``vf_clip``, ``anneal_steps``
+            must be finite and >= 0; ``gamma`` and ``gae_lambda`` in [0, 1].
+        """
+        check_value(learning_rate, "learning_rate", ge=0.0)
+        check_value(gamma, "gamma", ge=0.0, le=1.0)
+        check_value(gae_lambda, "gae_lambda", ge=0.0, le=1.0)
+        for name, v in (("clip_eps", clip_eps), ("ent_coef", ent_coef), ("vf_coef", vf_coef), ("vf_clip", vf_clip),
+                        ("anneal_steps", anneal_steps)):
+            check_value(v, name, ge=0.0)
+        f = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+        return cls(f(learning_rate), f(gamma), f(gae_lambda), f(clip_eps), f(ent_coef), f(vf_coef), f(vf_clip),
+                   f(anneal_steps))
+
+    def current_learning_rate(self, steps: Array) -> Array:
+        """``f32[]`` learning rate after ``steps`` trained environment steps."""
+        anneal = self.anneal_steps
+        frac = jnp.clip(1.0 - steps.astype(jnp.float32) / jnp.where(anneal > 0, anneal, 1.0), 0.0, 1.0)
+        return self.learning_rate * jnp.where(anneal > 0, frac, 1.0)
+
+
+def orthogonal(scale: float = 1.0) -> Callable[[Array, Sequence[int], Any], Array]:
+    """Orthogonal initializer (as ``flax.linen.initializers.orthogonal``) without LAPACK.
+
+    The orthonormal factor of a Gaussian matrix comes from classical
+    Gram-Schmidt with re-orthogonalisation (the ``Q`` of a QR decomposition
+    with a positive ``R`` diagonal, i.e. Haar-distributed). jaxlib's batched
+    LAPACK QR kernel schedules its batch on XLA's intra-op thread pool and can
+    deadlock when two of them run at once on a 2-thread pool, which is what
+    ``jax.vmap`` over seeds of a jitted ``init`` produces on a 2-core CPU.
+
+    Returns:
+      ``init(key, shape, dtype=f32) -> [*shape]`` whose last axis is the output
+      axis (orthonormal rows or columns of the ``[prod(shape[:-1]), shape[-1]]``
+      matrix, times ``scale``).
+    """
+
+    def init(key, shape, dtype=jnp.float32):
+        n_rows, n_cols = int(np.prod(shape[:-1])), int(shape[-1])
+        m, n = max(n_rows, n_cols), min(n_rows, n_cols)
+        a = jax.random.normal(key, (m, n), jnp.float32)
+
+        def column(j, q):
+            v = a[:, j]
+            for _ in range(2):  # twice is enough in float32 ("twice is enough", Giraud et al. 2005)
+                v = v - q @ (q.T @ v)
+            return q.at[:, j].set(v / jnp.linalg.norm(v))
+
+        q = jax.lax.fori_loop(0, n, column, jnp.zeros((m, n), jnp.float32))
+        if n_rows < n_cols:
+            q = q.T
+        return (scale * q).reshape(shape).astype(dtype)
+
+    return init
+
+
+class ActorCritic(nn.Module):
+    """Separate actor and critic MLPs (purejaxrl initialisation).
+
+    ``__call__(obs f32[..., D]) -> (out f32[..., A], log_std f32[A], value f32[...])``;
+    ``out`` are logits (discrete) or the Gaussian mean (continuous; a
+    state-independent ``log_std`` parameter, zeros for discrete).
+    """
+
+    action_dim: int
+    discrete: bool
+    hidden_sizes: Sequence[int] = (64, 64)
+    activation: str = "tanh"
+
+    @nn.compact
+    def __call__(self, obs):
+        act = getattr(nn, self.activation)
+        ortho = orthogonal
+        x = obs
+        for h in self.hidden_sizes:
+            x = act(nn.Dense(h, kernel_init=ortho(np.sqrt(2)), bias_init=nn.initializers.zeros)(x))
+        out = nn.Dense(self.action_dim, kernel_init=ortho(0.01), bias_init=nn.initializers.zeros)(x)
+        v = obs
+        for h in self.hidden_sizes:
+            v = act(nn.Dense(h, kernel_init=ortho(np.sqrt(2)), bias_init=nn.initializers.zeros)(v))
+        v = nn.Dense(1, kernel_init=ortho(1.0), bias_init=nn.initializers.zeros)(v)[..., 0]
+        if self.discrete:
+            log_std = jnp.zeros((self.action_dim,), jnp.float32)
+        else:
+            log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+        return out, log_std, v
+
+
+def _sample_action(key, out, log_std, discrete):
+    if discrete:
+        a = jax.random.categorical(key, out, axis=-1)
+        return a.astype(jnp.int32)
+    return out + jnp.exp(log_std) * jax.random.normal(key, out.shape, out.dtype)
+
+
+def _log_prob_entropy(out, log_std, a, discrete):
+    if discrete:
+        logp_all = jax.nn.log_softmax(out, axis=-1)
+        logp = jnp.take_along_axis(logp_all, a[..., None].astype(jnp.int32), axis=-1)[..., 0]
+        ent = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+        return logp, ent
+    var = jnp.exp(2 * log_std)
+    logp = -0.5 * jnp.sum((a - out) ** 2 / var + 2 * log_std + jnp.log(2 * jnp.pi), axis=-1)
+    ent = jnp.sum(0.5 + 0.5 * jnp.log(2 * jnp.pi) + log_std) * jnp.ones(out.shape[:-1], out.dtype)
+    return logp, ent
+
+
+@struct.dataclass
+class PPOState:
+    """PPO train state (every leaf an array with an explicit dtype).
+
+    Attributes:
+      params: actor-critic parameters.
+      opt_state: optax state (gradient clipping + Adam moments).
+      hparams: :class:`PPOHParams`.
+      env_state: batched env state ``[E]`` of the training environments.
+      obs: ``f32[E, D]`` current observations of the training environments.
+      steps: ``i32[]`` environment steps trained so far.
+      episodes: ``i32[]`` training episodes finished so far.
+    """
+
+    params: Any
+    opt_state: Any
+    hparams: PPOHParams
+    env_state: Any
+    obs: Array
+    steps: Array
+    episodes: Array
+
+
+@struct.dataclass
+class Transition:
+    obs: Array
+    action: Array
+    logp: Array
+    value: Array
+    reward: Array
+    done: Array
+
+
+
+
+def gae(traj: Transition, last_value: Array, hp: PPOHParams) -> tuple[Array, Array]:
+    """Generalised advantage estimates and value targets of a ``[T, envs]`` rollout (scan backwards)."""
+    def f(carry, t):
+        adv, next_value = carry
+        nonterm = 1.0 - t.done.astype(jnp.float32)
+        delta = t.reward + hp.gamma * next_value * nonterm - t.value
+        adv = delta + hp.gamma * hp.gae_lambda * nonterm * adv
+        return (adv, t.value), adv
+
+    _, adv = jax.lax.scan(f, (jnp.zeros_like(last_value), last_value), traj, reverse=True)
+    return adv, adv + traj.value
+
+
+def ppo_loss(network: nn.Module, discrete: bool, params: Any, batch: Transition, adv: Array, targets: Array,
+             hp: PPOHParams) -> Array:
+    """The clipped PPO objective (normalised advantages, optionally clipped value loss, entropy bonus)."""
+    out, log_std, value = network.apply(params, batch.obs)
+    logp, ent = _log_prob_entropy(out, log_std, batch.action, discrete)
+    ratio = jnp.exp(logp - batch.logp)
+    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    pg = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - hp.clip_eps, 1 + hp.clip_eps) * adv).mean()
+    v_clip = batch.value + jnp.clip(value - batch.value, -hp.vf_clip, hp.vf_clip)
+    vf_loss = jnp.square(value - targets)
+    vf_loss = jnp.where(hp.vf_clip > 0, jnp.maximum(vf_loss, jnp.square(v_clip - targets)), vf_loss)
+    vf = 0.5 * vf_loss.mean()
+    return pg + hp.vf_coef * vf - hp.ent_coef * ent.mean()
