@@ -8,10 +8,10 @@ Submodules (imported on first use, so ``import jaxweight`` stays cheap):
 - ``jaxweight.maxent``            MaxEnt-GRPO reward weighting and its tau / beta controllers (maxent_grpo)
 - ``jaxweight.preference``        reward learning from preference comparisons (imitation)
 - ``jaxweight.sync``              learner -> actor weight sync (torchrl UpdateWeights)
-- ``jaxweight.distributed``       meshes, data-parallel reward training, multi-host helpers
+- ``jaxweight.distributed``       meshes, data-parallel gradients, multi-host helpers (no concept)
 - ``jaxweight.checkpoint``        atomic msgpack checkpoints of any state pytree
 - ``jaxweight.metrics``           flat metric dicts, JSON-lines and TensorBoard writers
-- ``jaxweight.interop``           atropos / maxent_grpo / imitation formats
+- ``jaxweight.interop``           atropos / maxent_grpo / imitation formats, the tunix plug-in
 
 ``jaxweight.checked(fn)`` runs ``fn`` under checkify so that traced hyperparameter checks
 raise ``ValueError`` like eager ones; ``jaxweight.StateFileError`` is the one error for a
