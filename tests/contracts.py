@@ -48,6 +48,8 @@ __all__ = [
     "assert_checkpoint_roundtrip",
     "check_state_contract",
     "CompileCounter",
+    "BAD_INPUT_MODES",
+    "run_eager_or_checked",
 ]
 
 
@@ -241,3 +243,18 @@ def check_state_contract(
     # checkpoint round trip
     if tmp_path is not None:
         assert_checkpoint_roundtrip(after, tmp_path, target=init())
+
+
+BAD_INPUT_MODES = ["eager", "checked_jit"]
+
+
+def run_eager_or_checked(mode: str, fn: Callable, value: Any) -> Any:
+    """``fn(value)`` eagerly (a Python number) or under ``jaxweight.checked(jax.jit(fn))`` (a traced f32).
+
+    The bad-input suites run each hyperparameter case both ways and expect the same error.
+    """
+    if mode == "eager":
+        return fn(value)
+    import jaxweight
+
+    return jaxweight.checked(jax.jit(fn))(jnp.float32(value))

@@ -49,7 +49,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -58,6 +58,9 @@ import numpy as np
 from jaxweight import StateFileError, checkpoint, metrics
 from jaxweight.demos import _common as C
 from jaxweight.preference import RewardTrainer, concatenate_trajectories, random_fragments
+
+if TYPE_CHECKING:  # the driver needs gymnax (the rl extra): imported where it is used
+    from jaxweight.preference.driver import PreferenceComparisons
 
 DEFAULT_OUT = "jaxweight-out/preferences/"
 GOAL_RETURN = {"cartpole": 450.0}

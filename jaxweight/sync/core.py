@@ -33,7 +33,6 @@ from .placement import (
     _is_tracer,
     _pull_sources,
     _same_device_mode,
-    _shares_buffers,
     _transfer,
 )
 

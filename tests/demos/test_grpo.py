@@ -55,7 +55,6 @@ def _tfevent_scalars(folder, tag: str) -> list[float]:
 
 @pytest.mark.slow
 def test_grpo_demo_main_quick_writes_results_metrics_csv_png(tmp_path, capsys):
-    import json
 
     from jaxweight.demos import grpo
 
@@ -92,7 +91,6 @@ def test_grpo_demo_main_quick_writes_results_metrics_csv_png(tmp_path, capsys):
 @pytest.mark.slow
 def test_grpo_demo_tensorboard_event_files(tmp_path):
     pytest.importorskip("tensorboardX")
-    import json
 
     from jaxweight.demos import grpo
 

@@ -12,19 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jaxweight
 from jaxweight import random_weighting as rw
-from tests.contracts import assert_trees_close
+from tests.contracts import BAD_INPUT_MODES, assert_trees_close, run_eager_or_checked
 
-MODES = ["eager", "checked_jit"]
+MODES = BAD_INPUT_MODES
 NAN, INF = float("nan"), float("inf")
-
-
-def _run(mode, fn, value):
-    """``fn(value)`` eagerly (a Python number) or under checked(jit) (a traced f32)."""
-    if mode == "eager":
-        return fn(value)
-    return jaxweight.checked(jax.jit(fn))(jnp.float32(value))
+_run = run_eager_or_checked
 
 
 # ------------------------------------------------------- random_weighting.config
