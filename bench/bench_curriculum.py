@@ -9,6 +9,10 @@
    rebin (due every step: 1024 > 50) + sample 1024 items, through
    ``jax.jit(cur.step, donate_argnums=0)`` (state donated). Also N = 10^7, the ``prioritized`` step, and
    the update alone (no rebin due) at N = 10^4 and 10^6.
+3. The step at N = 10^6 against its floor (:func:`floor_step`): the same math
+   as one minimal jitted function (no checks, no counts of skipped entries, no
+   masks, no eligibility, a fixed strategy and progress), timed alternately
+   with the step in the same run; goal: step <= 1.5x floor.
 
 ``python bench/bench_curriculum.py [--quick] [--json P]`` or
 ``python -m jaxweight bench --only curriculum``.
@@ -16,6 +20,7 @@
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -79,6 +84,86 @@ def _baseline_seed(keys, scores):
     return sch
 
 
+# ---------------------------------------------------------------------- floor
+def _floor_select(x, tracked, ranks):
+    """Exact descending order statistics of ``x`` over ``tracked``: two 16-bit radix passes."""
+    b = jax.lax.bitcast_convert_type(jnp.where(x == 0, 0.0, x), jnp.uint32)
+    key = ~jnp.where((b >> 31) == 1, ~b, b | jnp.uint32(0x80000000))  # ascending = descending floats
+    hi, lo = (key >> 16).astype(jnp.int32), (key & 0xFFFF).astype(jnp.int32)
+    h1 = jnp.zeros((65536,), jnp.int32).at[jnp.where(tracked, hi, 65536)].add(1, mode="drop")
+    c1 = jnp.cumsum(h1)
+    d1 = jnp.searchsorted(c1, ranks, side="right").astype(jnp.int32)
+    rem = ranks - jnp.where(d1 > 0, c1[d1 - 1], 0)
+    k = ranks.shape[0]
+    # one histogram row per target prefix (targets sharing a prefix share the row of the first)
+    first = jnp.searchsorted(d1, d1, side="left").astype(jnp.int32)
+    slot = jnp.clip(jnp.searchsorted(d1, hi, side="left"), 0, k - 1).astype(jnp.int32)
+    match = tracked & (d1[slot] == hi)
+    h2 = jnp.zeros((k * 65536,), jnp.int32).at[jnp.where(match, slot * 65536 + lo, k * 65536)].add(
+        1, mode="drop").reshape(k, 65536)
+    c2 = jnp.cumsum(h2[first], axis=1)
+    d2 = jnp.sum(c2 <= rem[:, None], axis=1).astype(jnp.uint32)
+    kd = (d1.astype(jnp.uint32) << 16) | d2
+    asc = ~kd
+    return jax.lax.bitcast_convert_type(jnp.where((asc >> 31) == 1, asc & jnp.uint32(0x7FFFFFFF), ~asc),
+                                        jnp.float32)
+
+
+def floor_step(carry, key, ids, scores, *, n_bins=5, alpha=0.3, progress=0.5, num=BATCH):
+    """``easy_first`` update + rebin + sample written minimally (same math as ``cur.step``).
+
+    Update in array order (a stable sort by id and a scan of the affine EMA
+    maps handles repeated ids), rebin with exact order statistics (two radix
+    passes), then per draw a bin from the easy-first probabilities and a
+    uniform item of that bin through per-block (128 items) bin counts. No
+    checks, no counts of skipped entries, no masks, no eligibility: the batch
+    is assumed valid and every item tracked.
+    """
+    ema, count, last, total = carry
+    n = ema.shape[0]
+    order = jnp.argsort(ids, stable=True)
+    sid, ss = ids[order], scores[order]
+    first = jnp.concatenate([jnp.ones((1,), bool), sid[1:] != sid[:-1]])
+    last_e = jnp.concatenate([sid[1:] != sid[:-1], jnp.ones((1,), bool)])
+    old = count[sid]
+    c = jnp.where(old > 0, alpha * ss + (1 - alpha) * ema[sid], ss)
+    c = jnp.where(first, c, alpha * ss)
+    m = jnp.where(first, 0.0, 1 - alpha)
+    _, acc = jax.lax.associative_scan(lambda a, b: (a[0] * b[0], b[0] * a[1] + b[1]), (m, c))
+    tgt = jnp.where(last_e, sid, n)
+    ema = ema.at[tgt].set(acc, mode="drop")
+    count = count.at[ids].add(1)
+    total = total + ids.shape[0]
+    last = last.at[ids].max(total - ids.shape[0] + 1 + jnp.arange(ids.shape[0], dtype=jnp.int32))
+    # rebin: boundaries b_i = desc[floor(i n / n_bins)]
+    i = jnp.arange(n_bins, dtype=jnp.int32)
+    bounds = _floor_select(ema, count > 0, i * (n // n_bins))
+    # sample: bin = first i with ema >= b_i
+    bins = jnp.minimum(jnp.sum(ema[:, None] < bounds[None, :], axis=1), n_bins - 1).astype(jnp.int32)
+    onehot = bins[:, None] == i[None, :]
+    n0 = n - n % 128
+    blocks = jnp.sum(onehot[:n0].reshape(n0 // 128, 128, n_bins), axis=1, dtype=jnp.int32)
+    if n0 < n:
+        blocks = jnp.concatenate([blocks, jnp.sum(onehot[n0:], axis=0, dtype=jnp.int32)[None]])
+    cs = jnp.cumsum(blocks, axis=0)  # [blocks, n_bins]
+    w = (1.0 - progress) * jnp.exp(-2.0 * i / (n_bins - 1)) + progress / n_bins
+    w = jnp.where(cs[-1] > 0, w, 0.0)
+    ku, kb = jax.random.split(key)
+    b = jax.random.categorical(kb, jnp.log(w), shape=(num,))
+    r = jnp.floor(jax.random.uniform(ku, (num,)) * cs[-1, b]).astype(jnp.int32)  # rank inside the bin
+    lo, hi = jnp.zeros((num,), jnp.int32), jnp.full((num,), cs.shape[0] - 1, jnp.int32)
+    for _ in range(cs.shape[0].bit_length()):  # first block whose running count exceeds r
+        mid = (lo + hi) // 2
+        go = cs[mid, b] <= r
+        lo, hi = jnp.where(go, mid + 1, lo), jnp.where(go, hi, mid)
+    blk = lo
+    r_in = r - jnp.where(blk > 0, cs[jnp.maximum(blk - 1, 0), b], 0)
+    idx = blk[:, None] * 128 + jnp.arange(128, dtype=jnp.int32)[None, :]
+    leaf = (idx < n) & (bins[jnp.minimum(idx, n - 1)] == b[:, None])
+    j = jnp.argmax(jnp.cumsum(leaf, axis=1) > r_in[:, None], axis=1)
+    return (ema, count, last, total), blk * 128 + j.astype(jnp.int32), bounds
+
+
 # ------------------------------------------------------------------- helpers
 def _seeded_state(cfg, rng):
     """A pool with every item tracked (built directly; seeding a 10^7 pool by updates is slow)."""
@@ -120,6 +205,39 @@ def _update_timing(n, rng, runs):
     ids, scores = _batch(rng, n)
     timing, _ = time_stateful(update, state, ids, scores, cfg, n=runs, warmup=3)
     return timing
+
+
+def _vs_floor(n, rng, runs):
+    """Medians of the README's donated step and of :func:`floor_step`, called alternately."""
+    cfg = cur.config("easy_first", 5, capacity=n)
+    state = _seeded_state(cfg, rng)
+    ids, scores = _batch(rng, n)
+    key = jax.random.key(0)
+    step = jax.jit(cur.step, donate_argnums=0, static_argnames="num")
+    floor = jax.jit(floor_step, donate_argnums=0)
+    carry = (state.ema + 0, state.count + 0, state.last_update + 0, state.total_updates + 0)
+    # the floor computes what the step computes (EMAs, counts, boundaries; items from the same bins)
+    ref, _ = jax.jit(cur.step, static_argnames="num")(state, key, ids, scores, cfg, num=BATCH, step=500,
+                                                         total_steps=1000)
+    (e, c, _, _), _, bounds = jax.jit(floor_step)(carry, key, ids, scores)
+    np.testing.assert_allclose(e, ref.ema, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(c, ref.count)
+    np.testing.assert_array_equal(bounds, ref.boundaries)
+    t0 = time.perf_counter()
+    step.lower(state, key, ids, scores, cfg, num=BATCH, step=500, total_steps=1000).compile()
+    compile_s = time.perf_counter() - t0
+    times = {"step": [], "floor": []}
+    for r in range(runs + 2):
+        t = time.perf_counter()
+        state, out = jax.block_until_ready(step(state, key, ids, scores, cfg, num=BATCH, step=500,
+                                                total_steps=1000))
+        t1 = time.perf_counter()
+        carry, items, _ = jax.block_until_ready(floor(carry, key, ids, scores))
+        t2 = time.perf_counter()
+        if r >= 2:  # warm-up calls
+            times["step"].append(t1 - t)
+            times["floor"].append(t2 - t1)
+    return {k: statistics.median(v) for k, v in times.items()}, compile_s
 
 
 # ----------------------------------------------------------------------- run
@@ -181,6 +299,13 @@ def run(quick: bool = False) -> list[dict]:
         recs.append(record(MODULE, "step (prioritized)", "N=1e6", tp.median, "floor", None,
                            compile_s=tp["compile_s"],
                            note="one stable ranking sort of the pool per call (O(N log N))"))
+
+    fl, fl_compile = _vs_floor(n6, rng, runs)
+    recs.append(record(MODULE, "step vs floor", "N=1e6", fl["step"], "floor (same math, minimal)", fl["floor"],
+                       goal="step <= 1.5x floor", met=fl["step"] <= 1.5 * fl["floor"], compile_s=fl_compile,
+                       note=f"jax.jit(cur.step, donate_argnums=0, static_argnames='num') {fl['step'] * 1e3:.2f} ms "
+                            f"vs floor_step {fl['floor'] * 1e3:.2f} ms ({fl['step'] / fl['floor']:.2f}x), "
+                            "both donated, called alternately"))
 
     # update alone: cost independent of the pool size
     u4 = _update_timing(10_000, rng, 2 * runs)

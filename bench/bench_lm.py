@@ -2,14 +2,16 @@
 
 Rows:
 
-1. ``pipeline_step``: one jitted step of the demo's default setting (all arms
-   x seeds vmapped: curriculum sampling over the 131k pool, KV-cache sampling of
-   B x G completions, reward, SEED clustering, reference log-probs,
-   ``maxent.step`` with the tau / beta controllers, the optax update,
-   ``sync.step``, the curriculum update). Baseline: the same step with every
-   jaxweight call replaced by a trivial stand-in (uniform prompt draw, no
-   curriculum update, uniform weights / plain advantages, no controllers, SEED
-   scale 1, a plain ``where`` for the sync), passed as the demo's ``lm.Parts``. Goal: jaxweight's share
+1. ``pipeline_step``: one jitted step of the demo's default setting (its arms
+   x seeds vmapped: level-balanced draws and the curriculum over 24 task buckets,
+   KV-cache sampling of P x G completions, reward, SEED clustering, dynamic
+   sampling down to B groups, reference log-probs, ``maxent.step`` with the tau
+   controller, ``maxent.policy_loss``, the optax update, ``sync.step``, the
+   curriculum update). Baseline: the same step with every jaxweight call
+   replaced by a trivial stand-in (uniform bucket draw, no curriculum update,
+   uniform weights / plain advantages, no controllers, SEED scale 1, the first
+   B groups, the clipped loss written inline, a plain ``where`` for the sync),
+   passed as the demo's ``lm.Parts``. Goal: jaxweight's share
    ``(t_step - t_standins) / t_step`` under 5%.
 2. ``tokens_per_second``: completion tokens sampled per second of step time.
 
@@ -36,7 +38,7 @@ from jaxweight.demos import lm  # noqa: E402
 MODULE = "lm"
 
 
-def _cur_sample(state, key, ccfg, step, total, num):
+def _cur_sample(state, key, ccfg, step, total, num, eligible):
     return jax.random.randint(key, (num,), 0, ccfg.capacity)
 
 
@@ -55,6 +57,23 @@ def _seed_scale(cluster, seq_logp, g, alpha):
     return jnp.ones(cluster.shape[:1], jnp.float32)
 
 
+def _select_groups(rewards, num, key):
+    return jnp.arange(num)
+
+
+def _policy_loss(logp, behaviour_logp, signal, mask, ref_logp, kl_coef, cfg, token_entropy):
+    ratio = jnp.exp(logp - behaviour_logp)
+    a = signal[:, None]
+    pg = -jnp.minimum(ratio * a, jnp.clip(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps_high) * a)
+    d = ref_logp - logp
+    m = mask.astype(jnp.float32)
+    tok = (pg + kl_coef * (jnp.exp(d) - d - 1.0)) * m
+    zero = jnp.float32(0.0)
+    return jnp.mean(jnp.sum(tok, -1) / jnp.maximum(jnp.sum(m, -1), 1.0)), {
+        k: zero for k in ("policy/kl", "policy/clip_fraction", "policy/ratio_mean", "policy/ratio_max",
+                          "policy/entropy")}
+
+
 def _sync_step(sync_state, learner, actor, interval, placement=None):
     return sync_state, learner, jnp.bool_(True)
 
@@ -65,7 +84,8 @@ def _staleness(sync_state):
 
 # trivial stand-ins for every jaxweight call of the step (the demo's public ``Parts``)
 STANDINS = lm.Parts(curriculum_sample=_cur_sample, curriculum_update=_cur_update, maxent_step=_maxent_step,
-                    seed_scale=_seed_scale, sync_step=_sync_step, staleness=_staleness)
+                    seed_scale=_seed_scale, select_groups=_select_groups, policy_loss=_policy_loss,
+                    sync_step=_sync_step, staleness=_staleness)
 
 
 def _time_step(cfg, task, n, parts):
@@ -83,7 +103,7 @@ def run(quick: bool = False) -> list[dict]:
     full, tokens = _time_step(cfg, task, n, lm.Parts())
     stub, _ = _time_step(cfg, task, n, STANDINS)
     share = (full.median - stub.median) / full.median
-    size = f"{cfg.runs} runs x {cfg.prompts}x{cfg.generations} (pool {cfg.pool_size})"
+    size = f"{cfg.runs} runs x {cfg.prompts} of {cfg.sample_prompts}x{cfg.generations} (pool {cfg.pool_size})"
     return [
         record(MODULE, "pipeline_step", size, full.median, "step with stand-ins", stub.median,
                goal="jaxweight share < 5%", met=max(share, 0.0) < 0.05, share=share,

@@ -10,6 +10,10 @@ reward MLPs with hidden sizes (32, 32).
 2. One reward-training epoch of the 5-member ensemble on N stored pairs
    (bootstrap per member, batch 32, AdamW).
 3. Both at 10^3, 10^4, 10^5 pairs.
+4. The epoch at 10^4 pairs against its floor (:func:`floor_epoch`): the same
+   math (bootstrap, shuffle, ceil(N / B) AdamW steps of the 5 members, the
+   MLP and the Bradley-Terry BCE written out) as one minimal jitted function,
+   timed alternately in the same run; goal: epoch <= 1.5x floor.
 
 Baseline: imitation is not installed here (``pip install jaxweight[peers]``
 pulls in torch), so the baseline is a NumPy port written the way imitation
@@ -38,9 +42,13 @@ from __future__ import annotations
 import math
 import os
 
+import statistics
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from bench._common import main, record, time_call, time_jax
 from jaxweight import preference as pf
@@ -452,6 +460,81 @@ def _train_case(num_pairs, net, measure_baseline, quick, th=None):
     return t, base, None
 
 
+# -------------------------------------------------------------- floor
+def _floor_loss(p, obs, acts, prefs, mask):
+    """Summed BCE of a batch: the MLP on (obs, one-hot action), returns, sigmoid of the clipped difference."""
+    x = jnp.concatenate([obs[:, :, :-1], jax.nn.one_hot(acts, N_ACT, dtype=jnp.float32)], axis=-1)
+    for i in range(len(HIDDEN)):
+        x = jax.nn.relu(x @ p["params"][f"dense{i}"]["kernel"] + p["params"][f"dense{i}"]["bias"])
+    r = (x @ p["params"]["dense_final"]["kernel"] + p["params"]["dense_final"]["bias"])[..., 0]  # [B, 2, L]
+    d = jnp.clip(jnp.sum(r[:, 1] - r[:, 0], axis=-1), -50.0, 50.0)
+    bce = -(prefs * jax.nn.log_sigmoid(-d) + (1.0 - prefs) * jax.nn.log_sigmoid(d))
+    return jnp.sum(jnp.where(mask, bce, 0.0)) / BATCH
+
+
+def floor_epoch(params, opt_state, key, obs, acts, prefs):
+    """One epoch of the ensemble written minimally (same math as ``training.epoch``).
+
+    Per member: N bootstrap draws, a shuffle, then ceil(N / B) AdamW steps
+    (torch semantics, lr 1e-3, weight decay 0.01) on the summed BCE / B; the
+    last batch is masked. No checks, no bad-data masks, no metrics.
+    """
+    n = prefs.shape[0]
+    steps = -(-n // BATCH)
+    opt = optax.adamw(1e-3, weight_decay=0.01)
+
+    def items(k):
+        kb, kp = jax.random.split(k)
+        draws = jax.random.randint(kb, (n,), 0, n)
+        return jnp.pad(draws[jax.random.permutation(kp, n)], (0, steps * BATCH - n)).reshape(steps, BATCH)
+
+    idx = jax.vmap(items)(jax.random.split(key, M))  # [M, S, B]
+    mask = (jnp.arange(steps * BATCH) < n).reshape(steps, BATCH)
+
+    def one(c, xs):  # one step of every member
+        i, m = xs
+
+        def member(p, o, i):
+            g = jax.grad(_floor_loss)(p, obs[i], acts[i], prefs[i], m)
+            u, o = opt.update(g, o, p)
+            return optax.apply_updates(p, u), o
+
+        return jax.vmap(member)(*c, i), None
+
+    return jax.lax.scan(one, (params, opt_state), (jnp.swapaxes(idx, 0, 1), mask))[0]
+
+
+def _vs_floor(num_pairs, net, runs):
+    """Medians of ``jax.jit(training.epoch)`` and :func:`floor_epoch`, called alternately."""
+    pairs = _random_pairs(num_pairs)
+    prefs, _ = pf.synthetic_preferences(0, pairs)
+    bcfg = pf.buffer.config(num_pairs)
+    buf = pf.buffer.step(pf.buffer.init(bcfg, None, pairs), pairs, prefs, bcfg)
+    cfg = tr.config(net, num_members=M, batch_size=BATCH)
+    state = tr.init(cfg, 0, _example(pairs.transitions()))
+    # the floor's loss is the trainer's (BCE of the Bradley-Terry probabilities) on the same batch
+    member0 = jax.tree.map(lambda x: x[0], state.params)
+    sub = jax.tree.map(lambda x: x[:BATCH], pairs)
+    probs, _ = pf.preference_probabilities(net, member0, sub)
+    want, _ = pf.cross_entropy_loss(probs, prefs[:BATCH])  # the mean BCE of a full batch
+    got = _floor_loss(member0, sub.obs, sub.acts, prefs[:BATCH], jnp.ones((BATCH,), bool))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    epoch = jax.jit(tr.epoch).lower(state, jax.random.key(2), buf, cfg).compile()
+    floor_args = (state.params, state.opt_state, jax.random.key(2), pairs.obs, pairs.acts, prefs)
+    floor = jax.jit(floor_epoch).lower(*floor_args).compile()
+    times = {"epoch": [], "floor": []}
+    for r in range(runs + 1):
+        t0 = time.perf_counter()
+        jax.block_until_ready(epoch(state, jax.random.key(2), buf, cfg))
+        t1 = time.perf_counter()
+        jax.block_until_ready(floor(*floor_args))
+        t2 = time.perf_counter()
+        if r:  # the first pair of calls is the warm-up
+            times["epoch"].append(t1 - t0)
+            times["floor"].append(t2 - t1)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def _check_baseline_matches(net, params):
     """The NumPy MLP is the same function as the flax net (sanity check of the comparison)."""
     pairs = _random_pairs(2, seed=3)
@@ -519,6 +602,16 @@ def run(quick: bool = False) -> list[dict]:
             val = b.median if b is not None else (per[kind] * n if per[kind] else None)
             _rows(recs, "train_epoch(ensemble)", size, t, val, b is None, label,
                   goal if kind == goal_on else None, met, load)
+
+    # 4. the epoch against its floor
+    n = 1_000 if quick else 10_000
+    fl = _vs_floor(n, net, 3 if quick else 7)
+    recs.append(record(
+        "preference", "train_epoch vs floor", f"N={n} pairs, M={M}, batch {BATCH}, L={L}", fl["epoch"],
+        "floor (same math, minimal)", fl["floor"], goal="epoch <= 1.5x floor",
+        met=fl["epoch"] <= 1.5 * fl["floor"], load_avg=load,
+        note=f"jax.jit(training.epoch) {fl['epoch'] * 1e3:.1f} ms vs floor_epoch {fl['floor'] * 1e3:.1f} ms "
+             f"({fl['epoch'] / fl['floor']:.2f}x), called alternately"))
     return recs
 
 

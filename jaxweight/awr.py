@@ -126,7 +126,7 @@ def awr_weights(
     a = jnp.where(valid, adv, 0.0)
     if normalize:
         # scale first so that huge finite advantages cannot overflow the mean/std
-        s = jnp.maximum(jnp.max(jnp.abs(a)), 1.0)
+        s = jnp.maximum(jnp.max(jnp.abs(a), initial=0.0), 1.0)
         a = a / s
         mu = masked_mean(a, valid)
         sd = masked_std(a, valid)
@@ -170,9 +170,18 @@ def awr_loss(
     return -masked_mean(w * jnp.where(valid, lp, 0.0), valid)
 
 
+# |z| above this saturates: z**2 (and a weighted sum of many of them) stays finite in f32
+_Z_MAX = 1e12
+
+
 def gaussian_log_prob(x: Array, mean: Array, log_std: Array) -> Array:
-    """Log density of a diagonal Gaussian, summed over the last axis: f32[..., K] -> f32[...]."""
-    z = (x - mean) * jnp.exp(-log_std)
+    """Log density of a diagonal Gaussian, summed over the last axis: f32[..., K] -> f32[...].
+
+    The standardised distance ``z = (x - mean) / std`` saturates at ``|z| = 1e12`` (where the
+    density is already 0 in float32), so finite inputs of any magnitude give a finite
+    log-density (and a zero gradient beyond that distance).
+    """
+    z = jnp.clip((x - mean) * jnp.exp(-log_std), -_Z_MAX, _Z_MAX)
     return jnp.sum(-0.5 * z * z - log_std - 0.5 * _LOG_2PI, axis=-1)
 
 
@@ -264,12 +273,16 @@ class WeightPolicyParams:
     module: WeightPolicy = struct.field(pytree_node=False)
 
 
+# standardised features saturate here: huge finite inputs (3e38) cannot overflow the network
+_X_MAX = 1e6
+
+
 def _standardize(params: WeightPolicyParams, features: Any) -> Array:
     x = jnp.asarray(features, jnp.float32)
     F = params.feature_mean.shape[-1]
     if x.ndim < 1 or x.shape[-1] != F:
         raise ValueError(f"features must have shape (..., {F}), got {x.shape}")
-    return (x - params.feature_mean) / params.feature_std
+    return jnp.clip((x - params.feature_mean) / params.feature_std, -_X_MAX, _X_MAX)
 
 
 def predict_distribution(params: WeightPolicyParams, features: Any) -> tuple[Array, Array]:
@@ -333,7 +346,7 @@ class AWRState:
     Attributes:
       policy: :class:`WeightPolicyParams` (network variables, feature standardisation).
       opt_state: the optax AdamW state.
-      count: i32[] number of :func:`step` calls.
+      count: i32[] number of :func:`step` calls that had a valid row (an optimiser step).
     """
 
     policy: WeightPolicyParams
@@ -494,8 +507,13 @@ def _update(state: AWRState, x: Array, a: Array, w: Array, valid: Array, cfg: AW
     variables = state.policy.variables
     loss, g = jax.value_and_grad(loss_fn)(variables)
     upd, opt_state = _optimizer(cfg).update(g, state.opt_state, variables)
-    policy = state.policy.replace(variables=optax.apply_updates(variables, upd))
-    return AWRState(policy=policy, opt_state=opt_state, count=state.count + jnp.int32(1)), loss
+    # a batch without a valid row measured nothing: no AdamW step (its weight decay and moment
+    # decay would still move the state), the state stays exactly as it was
+    applied = jnp.any(valid)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(applied, a, b), new, old)  # noqa: E731
+    policy = state.policy.replace(variables=keep(optax.apply_updates(variables, upd), variables))
+    return AWRState(policy=policy, opt_state=keep(opt_state, state.opt_state),
+                    count=state.count + applied.astype(jnp.int32)), loss
 
 
 def step(state: AWRState, features: Any, log_weights: Any, advantages: Any, cfg: AWRConfig, *,
@@ -505,7 +523,8 @@ def step(state: AWRState, features: Any, log_weights: Any, advantages: Any, cfg:
     The batch's weights are :func:`awr_weights` of its advantages (normalised
     over the batch when ``cfg.normalize``). Rows with a False ``mask`` or a
     non-finite entry are excluded and counted (``n_invalid``; masked-out rows
-    are not counted).
+    are not counted); a batch without a valid row (empty, all masked or all
+    invalid) leaves the state exactly unchanged.
 
     Args:
       state: from :func:`init`.

@@ -38,7 +38,7 @@ DEMO_REQUIRES: dict[str, dict[str, str]] = {
     "preferences": {"gymnax": "rl"},
 }
 
-BENCH_MODULES = ("random_weighting", "curriculum", "maxent", "preference", "sync", "lm")
+BENCH_MODULES = ("random_weighting", "curriculum", "maxent", "preference", "preference_loop", "sync", "lm")
 
 USAGE = """\
 usage: python -m jaxweight demo [NAME] [demo options]   run a demo (default: {default})
@@ -196,6 +196,20 @@ def find_bench_dir() -> Path:
     raise BenchNotFound(BENCH_HINT)
 
 
+def _file_path(text: str) -> str:
+    """argparse ``type=`` of an output file: refused (one line, exit 2) when it is an existing folder or a
+    folder above it is an existing file, so the benchmarks never run to fail at the end."""
+    p = Path(text).expanduser()
+    if p.is_dir():
+        raise argparse.ArgumentTypeError(f"must be a file path, but {text!r} is an existing folder")
+    for q in p.parents:
+        if q.exists():
+            if not q.is_dir():
+                raise argparse.ArgumentTypeError(f"must be a file path, but {str(q)!r} above it is an existing file")
+            break
+    return text
+
+
 def bench(argv: list[str]) -> int:
     """``python -m jaxweight bench [--only MODULE] [--quick] [--json PATH]``; returns the exit status."""
     p = argparse.ArgumentParser(prog="python -m jaxweight bench",
@@ -203,7 +217,7 @@ def bench(argv: list[str]) -> int:
     p.add_argument("--only", action="append", choices=BENCH_MODULES, metavar="MODULE",
                    help=f"run only this module (repeatable): {', '.join(BENCH_MODULES)}")
     p.add_argument("--quick", action="store_true", help="small sizes and few repeats (a smoke run)")
-    p.add_argument("--json", metavar="PATH", help="write the records as a JSON list to PATH")
+    p.add_argument("--json", metavar="PATH", type=_file_path, help="write the records as a JSON list to PATH")
     args = p.parse_args(argv)
 
     try:

@@ -8,9 +8,6 @@ with ``shard_map`` and ``lax.pmean``), and several processes
 :func:`to_host`, :func:`broadcast_from_process0`). The same code runs on one
 device, several devices and several processes. Guide: ``docs/multihost.md``.
 
-* **Reward-model training**: ``jaxweight.preference.training.step`` / ``epoch``
-  take ``mesh=`` (or ``axis_name=`` inside ``shard_map``) themselves.
-
 Example::
 
     import jax, jax.numpy as jnp, optax

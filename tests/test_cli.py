@@ -335,3 +335,30 @@ def test_timer_separates_compile_and_run():
     assert t["compile"] > 0 and t["run"] > 0
     assert set(t.as_dict()) == {"time/compile_s", "time/run_s"}
     assert t.summary().startswith("compile ") and ", run " in t.summary()
+
+
+@pytest.mark.parametrize("name", sorted(cli.DEMOS))
+@pytest.mark.parametrize("flag,where", [("--out", "file"), ("--out", "below_file"), ("--tensorboard", "file")])
+def test_output_folder_that_is_a_file_exits_2_with_one_line_and_writes_nothing(name, flag, where, tmp_path, capsys):
+    if name not in cli._available_demos() or cli.missing_extra(name):
+        pytest.skip(f"the {name} demo is not available here")
+    f = tmp_path / "results.json"
+    f.write_text("keep me")
+    path = f if where == "file" else f / "sub"
+    argv = [name, flag, str(path), "--quick"] + (["--out", str(tmp_path / "o")] if flag != "--out" else [])
+    with pytest.raises(SystemExit) as e:
+        cli.demo(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in _lines(err) if "error:" in ln]
+    assert len(lines) == 1 and f"argument {flag}: must be a folder" in lines[0] and "Traceback" not in err
+    assert f.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+
+
+def test_bench_json_path_that_is_a_folder_exits_2_before_running(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.bench(["--json", str(tmp_path), "--only", "random_weighting"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --json: must be a file path, but" in err and "is an existing folder" in err
+    assert list(tmp_path.iterdir()) == []

@@ -326,11 +326,12 @@ def test_train_reward_on_a_mesh_matches_one_device(devices8, members):
     trainer = RewardTrainer(RewardMLP(hidden_sizes=(8,)), num_members=members, batch_size=16, minibatch_size=8,
                             eps=1.0)
     pairs, prefs, _ = _reward_batch((40,))
-    # two bad stored pairs: left out (counted) on every device alike
+    # two bad stored pairs: left out (counted) on every device alike; a concrete preference
+    # outside [0, 1] is refused by buffer.step, a traced one (under jit) is stored and masked
     pairs = pairs.replace(obs=pairs.obs.at[3].set(jnp.nan))
     prefs = prefs.at[7].set(2.0)
     bcfg = buffer.config(48)
-    buf = buffer.step(buffer.init(bcfg, None, pairs), pairs, prefs, bcfg)
+    buf = jax.jit(lambda b, p, q: buffer.step(b, p, q, bcfg))(buffer.init(bcfg, None, pairs), pairs, prefs)
     state = trainer.init(0, jax.tree.map(lambda x: x[:1], pairs).transitions())
     one = jax.jit(lambda s, k, b: training.epoch(s, k, b, trainer.config, epochs=2))
     mesh = dist.make_mesh(devices8)

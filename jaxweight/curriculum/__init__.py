@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from ._config import PRIORITIES, STRATEGIES, CurriculumConfig, config
 from ._step import StepOut, step
+from .buckets import BucketTable, bucket_table, draw_in_buckets
 from .keys import KeyIndex
 from .sampling import bin_probabilities, sample, sample_bin
 from .sharding import shard_state, state_sharding
@@ -72,4 +73,7 @@ __all__ = [
     "metrics_dict",
     "state_sharding",
     "shard_state",
+    "BucketTable",
+    "bucket_table",
+    "draw_in_buckets",
 ]

@@ -53,6 +53,7 @@ __all__ = [
     "int_range",
     "float_range",
     "comma_list",
+    "folder",
     "add_common_args",
     "out_dir",
     "metrics_writer",
@@ -152,6 +153,21 @@ def comma_list(choices: Sequence[str] | None = None, *, min_len: int = 1) -> Cal
     return parse
 
 
+def folder(text: str) -> str:
+    """An argparse ``type=`` for an output folder: refused when it, or a folder above it, is an existing file."""
+    p = Path(text).expanduser()
+    for q in (p, *p.parents):
+        if q.exists():
+            if not q.is_dir():
+                where = "" if q == p else f" ({str(q)!r} above it)"
+                raise argparse.ArgumentTypeError(f"must be a folder, but {text!r}{where} is an existing file")
+            break
+    return text
+
+
+folder.__name__ = "folder"
+
+
 # --------------------------------------------------------------------------- common flags
 
 def add_common_args(parser: argparse.ArgumentParser, demo_name: str, *, seed: bool = True,
@@ -165,11 +181,11 @@ def add_common_args(parser: argparse.ArgumentParser, demo_name: str, *, seed: bo
     """
     g = parser.add_argument_group("common demo options")
     default_out = f"{OUT_ROOT}/{demo_name}/"
-    g.add_argument("--out", metavar="DIR", default=default_out,
+    g.add_argument("--out", metavar="DIR", default=default_out, type=folder,
                    help=f"folder for results JSON, metrics.jsonl, checkpoints and plots (default {default_out})")
     g.add_argument("--strict", action="store_true",
                    help="exit with status 1 when a stated goal of the demo is missed")
-    g.add_argument("--tensorboard", metavar="DIR", default=None,
+    g.add_argument("--tensorboard", metavar="DIR", default=None, type=folder,
                    help="also write TensorBoard event files to DIR (pip install 'jaxweight[tensorboard]')")
     if seed:
         g.add_argument("--seed", type=nonneg_int, default=0, help="the run's PRNG seed (default 0)")

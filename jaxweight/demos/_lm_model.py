@@ -9,7 +9,9 @@ left padding of the prompts (``PAD`` keys are masked).
 * :func:`sequence_logp` -> log-probs of given completion tokens;
 * :func:`sample` -> completions drawn with an explicit key and a temperature,
   one prefill of the prompt into a KV cache and then one cached decoding step
-  per token in ``lax.scan``; returns the tokens, their log-probs and a mask.
+  per token in ``lax.scan``; returns the tokens, their log-probs under the
+  distribution they were drawn from (``logits / temperature``), the policy's
+  token entropy and a mask.
 """
 
 from __future__ import annotations
@@ -136,12 +138,15 @@ class Samples:
 
     Attributes:
       tokens: i32[N, L] sampled tokens (PAD after EOS).
-      logp: f32[N, L] log-prob of each token under the policy (temperature 1), 0 where masked.
+      logp: f32[N, L] log-prob of each token under the distribution it was sampled from
+        (``softmax(logits / temperature)``; greedy: temperature 1), 0 where masked.
+      entropy: f32[N, L] entropy of the policy (temperature 1) at each position, 0 where masked.
       mask: bool[N, L] tokens up to and including the first EOS.
     """
 
     tokens: jax.Array
     logp: jax.Array
+    entropy: jax.Array
     mask: jax.Array
 
 
@@ -165,7 +170,7 @@ def sample(model: TinyLM, params, prompts: jax.Array, key: jax.Array, length: in
       greedy: static; take the most likely token instead (evaluation).
 
     Returns:
-      :class:`Samples` with ``tokens i32[N, L]``, ``logp f32[N, L]``, ``mask bool[N, L]``.
+      :class:`Samples` with ``tokens i32[N, L]``, ``logp f32[N, L]``, ``entropy f32[N, L]``, ``mask bool[N, L]``.
     """
     n, lp = prompts.shape
     total = lp + length
@@ -179,16 +184,22 @@ def sample(model: TinyLM, params, prompts: jax.Array, key: jax.Array, length: in
     temp = jnp.asarray(temperature, jnp.float32)
 
     def draw(logits, k, done):
+        logits = logits.astype(jnp.float32)
+        lsm = jax.nn.log_softmax(logits, axis=-1)
+        ent = -jnp.sum(jnp.exp(lsm) * lsm, axis=-1)
         if greedy:
             tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+            lsm_s = lsm
         else:
-            tok = jax.random.categorical(k, logits / temp, axis=-1).astype(jnp.int32)
-        lp_ = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tok[:, None], axis=-1)[:, 0]
+            # the log-prob recorded is that of the distribution the token is drawn from
+            lsm_s = jax.nn.log_softmax(logits / temp, axis=-1)
+            tok = jax.random.categorical(k, lsm_s, axis=-1).astype(jnp.int32)
+        lp_ = jnp.take_along_axis(lsm_s, tok[:, None], axis=-1)[:, 0]
         tok = jnp.where(done, PAD, tok)
-        return tok, jnp.where(done, 0.0, lp_), ~done
+        return tok, jnp.where(done, 0.0, lp_), jnp.where(done, 0.0, ent), ~done
 
     keys = jax.random.split(key, length)
-    tok0, lp0, m0 = draw(logits[:, -1], keys[0], jnp.zeros((n,), bool))
+    tok0, lp0, e0, m0 = draw(logits[:, -1], keys[0], jnp.zeros((n,), bool))
     done0 = tok0 == EOS
 
     def body(carry, xs):
@@ -197,24 +208,28 @@ def sample(model: TinyLM, params, prompts: jax.Array, key: jax.Array, length: in
         pos = lp + j
         key_valid = key_valid.at[:, pos].set(True)
         lg, cache = model.apply(params, tok, pos, cache, key_valid, method=TinyLM.decode)
-        new, lpn, m = draw(lg, k, done)
-        return (new, done | (new == EOS), cache, key_valid), (new, lpn, m)
+        new, lpn, en, m = draw(lg, k, done)
+        return (new, done | (new == EOS), cache, key_valid), (new, lpn, en, m)
 
     if length > 1:
-        _, (toks, lps, ms) = jax.lax.scan(body, (tok0, done0, cache, key_valid),
-                                          (jnp.arange(length - 1), keys[1:]))
-        toks = jnp.concatenate([tok0[:, None], toks.T], axis=1)
-        lps = jnp.concatenate([lp0[:, None], lps.T], axis=1)
-        ms = jnp.concatenate([m0[:, None], ms.T], axis=1)
+        _, (toks, lps, ents, ms) = jax.lax.scan(body, (tok0, done0, cache, key_valid),
+                                                (jnp.arange(length - 1), keys[1:]))
+        cat = lambda x0, xs: jnp.concatenate([x0[:, None], xs.T], axis=1)  # noqa: E731
+        toks, lps, ents, ms = cat(tok0, toks), cat(lp0, lps), cat(e0, ents), cat(m0, ms)
     else:
-        toks, lps, ms = tok0[:, None], lp0[:, None], m0[:, None]
-    return Samples(tokens=toks, logp=lps, mask=ms)
+        toks, lps, ents, ms = tok0[:, None], lp0[:, None], e0[:, None], m0[:, None]
+    return Samples(tokens=toks, logp=lps, entropy=ents, mask=ms)
 
 
-def sequence_logp(model: TinyLM, params, prompts: jax.Array, completions: jax.Array) -> jax.Array:
-    """f32[N, L] log-prob of each completion token given the prompt (teacher forcing)."""
+def sequence_logp(model: TinyLM, params, prompts: jax.Array, completions: jax.Array,
+                  temperature: jax.Array | float = 1.0) -> jax.Array:
+    """f32[N, L] log-prob of each completion token given the prompt (teacher forcing).
+
+    ``temperature``: the log-probs of ``softmax(logits / temperature)``, the distribution
+    :func:`sample` draws from at that temperature.
+    """
     lp = prompts.shape[1]
     seq = jnp.concatenate([prompts, completions], axis=1)
-    logits = model.apply(params, seq[:, :-1])[:, lp - 1:]
-    logp = jax.nn.log_softmax(logits, axis=-1)
+    logits = model.apply(params, seq[:, :-1])[:, lp - 1:].astype(jnp.float32)
+    logp = jax.nn.log_softmax(logits / jnp.asarray(temperature, jnp.float32), axis=-1)
     return jnp.take_along_axis(logp, completions[..., None], axis=-1)[..., 0]

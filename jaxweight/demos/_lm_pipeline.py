@@ -1,9 +1,10 @@
 """The pipeline of ``demo lm``: settings, task, warm start and ONE jitted GRPO training step.
 
 The jaxweight calls of a step are the fields of :class:`Parts` (curriculum sampling and
-update, the MaxEnt step, the SEED-GRPO scale, the weight sync); :func:`make_pipeline`
-takes a ``Parts`` so a caller can swap any of them (an ablation, or stand-ins that time
-the library's share of the step) without touching this module.
+update over task buckets, the MaxEnt step, the SEED-GRPO scale, dynamic sampling, the policy
+loss, the weight sync); :func:`make_pipeline` takes a ``Parts`` so a caller can swap any of
+them (an ablation, or stand-ins that time the library's share of the step) without touching
+this module.
 """
 
 from __future__ import annotations
@@ -25,16 +26,25 @@ from .. import curriculum as cur
 from .. import maxent as M
 from .. import sync as S
 from ._lm_model import TinyLM, completion_mask, sample, sequence_logp
-from ._lm_task import COMPLETION_LEN, EOS, N_LEVELS, PROMPT_LEN, Pool, make_heldout, make_pool, stratified
+from ._lm_task import (COMPLETION_LEN, EOS, N_BUCKETS, N_LEVELS, PROMPT_LEN, Pool, bucket_of, make_pool,
+                       make_split_set, stratified)
 
-__all__ = ["LMConfig", "QUICK", "ARMS", "Parts", "Task", "make_task", "warm_start", "Pipeline", "make_pipeline",
-           "device_rewards", "device_cluster_ids"]
+__all__ = ["LMConfig", "QUICK", "ARMS", "ARM_FLAGS", "Parts", "Task", "make_task", "warm_start", "Pipeline",
+           "make_pipeline", "device_rewards", "device_cluster_ids", "EVAL_SETS", "HARD_LEVELS"]
 
-ARMS = ("full", "grpo_uniform", "grpo_curriculum", "maxent_uniform")
-_ARM_FLAGS = {  # (curriculum, maxent)
-    "full": (True, True), "grpo_uniform": (False, False),
-    "grpo_curriculum": (True, False), "maxent_uniform": (False, True),
+# what each arm turns on: (curriculum over buckets, MaxEnt weights, dynamic sampling, SEED-GRPO,
+# KL controller steering the loss's KL coefficient)
+ARM_FLAGS = {
+    "full": (True, True, True, True, False),
+    "grpo_uniform": (False, False, False, False, False),
+    "grpo_curriculum": (True, False, False, False, False),
+    "grpo_dynamic": (False, False, True, False, False),
+    "maxent_uniform": (False, True, False, False, False),
+    "full_kl_controller": (True, True, True, True, True),
 }
+ARMS = tuple(ARM_FLAGS)
+EVAL_SETS = ("heldout", "validation", "inpool")
+HARD_LEVELS = (1, 2, 3)      # 2- to 4-digit problems: the headline (level 0 has ~10 held-out problems)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,51 +52,68 @@ class LMConfig:
     """Settings of the demo (static; the defaults are the documented run)."""
 
     # task
-    pool_size: int = 131_072
-    heldout_per_level: int = 256
-    sft_examples: int = 4_000     # 2,000 are memorised (loss -> 0; 2-digit problems stay near 20%)
+    pool_size: int = 131_072      # train split only
+    eval_per_level: int = 256     # greedy evaluation: problems per level of each eval set
+    pass_k_per_level: int = 128   # sampled evaluation (pass@k) on the held-out hard levels
+    pass_k_samples: int = 32
+    sft_examples: int = 4_000
     sft_steps: int = 400
     sft_batch: int = 128
-    sft_lr: float = 1e-3          # 2e-3 diverged for one seed in three
+    sft_lr: float = 1e-3
     # model
     d_model: int = 128
     n_layers: int = 2
     n_heads: int = 4
     d_ff: int = 512
     # RL
-    steps: int = 300
-    prompts: int = 32            # B
-    generations: int = 8         # G
-    seeds: int = 2
-    arms: tuple = ARMS
+    steps: int = 1_200
+    prompts: int = 32             # B: groups in each update
+    sample_prompts: int = 48      # P >= B: groups sampled (dynamic sampling keeps B of them)
+    generations: int = 8          # G
+    seeds: int = 1
+    arms: tuple = ("full", "grpo_uniform")
     lr: float = 1e-4
     temperature: float = 1.0
     clip_eps: float = 0.2
+    clip_eps_high: float = 0.28
+    kl_coef: float = 0.04         # the loss's KL coefficient, the same in every arm (but the KL-controller arm)
+    normalization: str = "sequence_mean"
     sync_interval: int = 2
-    replay: float = 0.5          # fraction of curriculum prompts replayed from tracked items
-    plr_temperature: float = 2.0
+    replay: float = 0.5           # fraction of curriculum arms' prompts from curriculum-chosen buckets
+    plr_temperature: float = 1.0
+    bucket_ema: float = 0.1
     tau0: float = 0.5
-    beta0: float = 0.04
+    beta0: float = 0.04           # beta inside the MaxEnt weights (the controller steers it in its arm)
     target_entropy_frac: float = 0.75   # target weight entropy = frac * ln(G)
     tau_lr: float = 0.5
     kl_target: float = 0.05
     seed_alpha: float = 0.0417
-    eval_every: int = 25
-    chunk: int = 25              # steps per jitted scan (checkpoint / eval granularity)
+    eval_every: int = 100
+    chunk: int = 100              # steps per jitted scan (checkpoint / eval granularity)
+    trace_every: int = 10         # per-step metrics are kept in results.json as means of this many steps
 
     def __post_init__(self):
-        for f in ("pool_size", "heldout_per_level", "sft_examples", "sft_batch", "steps", "prompts",
-                  "seeds", "sync_interval", "eval_every", "chunk", "d_model", "n_layers", "n_heads", "d_ff"):
+        for f in ("pool_size", "eval_per_level", "pass_k_per_level", "sft_examples", "sft_batch", "steps",
+                  "prompts", "seeds", "sync_interval", "eval_every", "chunk", "d_model", "n_layers", "n_heads",
+                  "d_ff", "trace_every"):
             if getattr(self, f) < 1:
                 raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
         if self.generations < 2:
             raise ValueError(f"generations must be >= 2, got {self.generations}")
+        if self.pass_k_samples < 2:
+            raise ValueError(f"pass_k_samples must be >= 2, got {self.pass_k_samples}")
+        if self.sample_prompts < self.prompts:
+            raise ValueError(f"sample_prompts must be >= prompts, got {self.sample_prompts} < {self.prompts}")
         if self.sft_steps < 0:
             raise ValueError(f"sft_steps must be >= 0, got {self.sft_steps}")
         if not 0.0 <= self.replay <= 1.0:
             raise ValueError(f"replay must be in [0, 1], got {self.replay}")
         if not 0.0 < self.target_entropy_frac <= 1.0:
             raise ValueError(f"target_entropy_frac must be in (0, 1], got {self.target_entropy_frac}")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.normalization not in M.NORMALIZATIONS:
+            raise ValueError(f"normalization must be one of {list(M.NORMALIZATIONS)}, got {self.normalization!r}")
         bad = [a for a in self.arms if a not in ARMS]
         if bad or not self.arms:
             raise ValueError(f"arms must be a non-empty subset of {list(ARMS)}, got {list(self.arms)}")
@@ -100,25 +127,27 @@ class LMConfig:
         return len(self.arms) * self.seeds
 
 
-QUICK = LMConfig(pool_size=8_192, heldout_per_level=32, sft_examples=512, sft_steps=30, sft_batch=64,
-                 d_model=32, n_layers=1, n_heads=2, d_ff=64, steps=8, prompts=4, generations=4, seeds=1,
-                 eval_every=4, chunk=4)
+QUICK = LMConfig(pool_size=8_192, eval_per_level=32, pass_k_per_level=16, pass_k_samples=8, sft_examples=512,
+                 sft_steps=30, sft_batch=64, d_model=32, n_layers=1, n_heads=2, d_ff=64, steps=8, prompts=4,
+                 sample_prompts=6, generations=4, seeds=1, arms=ARMS, eval_every=4, chunk=4, trace_every=2)
 
 
 # ================================================================ library parts
 def _curriculum_config(cfg: LMConfig):
-    return cur.config("prioritized", n_bins=5, capacity=cfg.pool_size, temperature=cfg.plr_temperature,
-                      ema_alpha=0.5, competence_threshold=0.5, priority="frontier", staleness_coeff=0.3)
+    # the items are the N_BUCKETS task buckets (digits x operation x carries), not problems
+    return cur.config("prioritized", n_bins=5, capacity=N_BUCKETS, temperature=cfg.plr_temperature,
+                      ema_alpha=cfg.bucket_ema, competence_threshold=0.5, priority="frontier",
+                      staleness_coeff=0.3)
 
 
-def _maxent_config(cfg: LMConfig, on: bool):
-    """The weighting and its tau / beta controllers (switched off for the GRPO arms: zero rates)."""
+def _maxent_config(cfg: LMConfig, maxent_on: bool, kl_on: bool):
+    """The weighting and its tau / beta controllers (each switched off by a zero rate)."""
     target = cfg.target_entropy_frac * math.log(cfg.generations)
     return M.config(
-        tau=cfg.tau0, beta=cfg.beta0, q_temperature=1.0, normalize_by_tokens=False,
-        schedule=M.TauSchedule(target_entropy=target, learning_rate=cfg.tau_lr if on else 0.0,
+        tau=cfg.tau0, beta=cfg.kl_coef if kl_on else cfg.beta0, q_temperature=1.0, normalize_by_tokens=False,
+        schedule=M.TauSchedule(target_entropy=target, learning_rate=cfg.tau_lr if maxent_on else 0.0,
                                minimum_value=0.02, maximum_value=5.0, warmup_steps=0),
-        kl=M.KLController(target=cfg.kl_target, horizon=10, step_size=0.2 if on else 0.0),
+        kl=M.KLController(target=cfg.kl_target, horizon=10, step_size=0.2 if kl_on else 0.0),
     )
 
 
@@ -127,14 +156,14 @@ def _sync_config(interval, placement=None):
     return S.config(interval, placement, copy_on_same_device=True)
 
 
-def curriculum_sample(state, key, ccfg, step, total, num):
-    """i32[num] prompt ids drawn by the curriculum."""
-    return cur.sample(state, key, ccfg, num=num, step=step, total_steps=total)
+def curriculum_sample(state, key, ccfg, step, total, num, eligible):
+    """i32[num] bucket ids drawn by the curriculum (-1 where none is tracked)."""
+    return cur.sample(state, key, ccfg, num=num, step=step, total_steps=total, eligible=eligible)
 
 
-def curriculum_update(state, ids, rewards, ccfg):
-    """The curriculum state after each prompt's group of rewards ``f32[B, G]``."""
-    return cur.update_groups(state, ids, rewards, ccfg)
+def curriculum_update(state, bucket_ids, rewards, ccfg):
+    """The curriculum state after each group's rewards ``f32[P, G]`` (items: the groups' buckets)."""
+    return cur.update_groups(state, bucket_ids, rewards, ccfg)
 
 
 def maxent_step(state, rewards, ref_logp, mask, mcfg, step, kl):
@@ -145,6 +174,18 @@ def maxent_step(state, rewards, ref_logp, mask, mcfg, step, kl):
 def seed_scale(cluster, seq_logp, g, alpha):
     """f32[B] SEED-GRPO scale of each group from its answer clusters."""
     return M.seed_grpo_scale(M.semantic_entropy(cluster, seq_logp), alpha, g)
+
+
+def select_groups(rewards, num, key):
+    """i32[num] the groups to train on (non-zero reward variance first)."""
+    return M.select_groups(rewards, num=num, key=key).index
+
+
+def policy_loss(logp, behaviour_logp, signal, mask, ref_logp, kl_coef, cfg, token_entropy):
+    """``(loss, metrics)`` of :func:`jaxweight.maxent.policy_loss` with the demo's settings."""
+    return M.policy_loss(logp, behaviour_logp, signal, mask, ref_logp=ref_logp, kl_coef=kl_coef,
+                         clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high,
+                         normalization=cfg.normalization, token_entropy=token_entropy)
 
 
 def sync_step(sync_state, learner, actor, interval, placement=None):
@@ -168,6 +209,8 @@ class Parts:
     curriculum_update: Callable = curriculum_update
     maxent_step: Callable = maxent_step
     seed_scale: Callable = seed_scale
+    select_groups: Callable = select_groups
+    policy_loss: Callable = policy_loss
     sync_step: Callable = sync_step
     staleness: Callable = staleness
 
@@ -175,12 +218,18 @@ class Parts:
 # ======================================================================= task
 @dataclasses.dataclass(frozen=True)
 class Task:
-    """The pool (curriculum items), the warm-start subset and the held-out sets."""
+    """The RL pool (train split), the warm-start subset, the evaluation sets and the pass@k set.
+
+    ``evals`` maps each of :data:`EVAL_SETS` to a :class:`Pool`: ``heldout`` and ``validation``
+    come from their own splits (disjoint from the pool and the warm start at every level),
+    ``inpool`` from the RL pool. ``pass_k``: held-out problems of the hard levels.
+    """
 
     pool: Pool
     sft: Pool
-    heldout: Pool
-    keys: Any  # the curriculum's string key index (or the list of keys)
+    evals: dict
+    pass_k: Pool
+    keys: Any  # the string key index of the pool
 
 
 def _key_index(pool: Pool):
@@ -188,11 +237,16 @@ def _key_index(pool: Pool):
 
 
 def make_task(cfg: LMConfig, seed: int = 0) -> Task:
-    """Build the pool (distinct problems with string keys), the SFT subset and the held-out sets."""
-    pool = make_pool(cfg.pool_size, seed)
+    """Build the pool (train split), the warm-start subset and the disjoint evaluation sets."""
+    pool = make_pool(cfg.pool_size, seed, split=0)
     sft = pool.take(stratified(pool, cfg.sft_examples, seed + 7))
-    held = make_heldout(cfg.heldout_per_level, pool, seed + 1)
-    return Task(pool, sft, held, _key_index(pool))
+    held = make_split_set(cfg.eval_per_level, 2, seed + 1)
+    val = make_split_set(cfg.eval_per_level, 1, seed + 2)
+    inpool = make_split_set(cfg.eval_per_level, 0, seed + 3, pool=pool)
+    hard = np.flatnonzero(np.isin(held.level, HARD_LEVELS))
+    hard = np.concatenate([hard[held.level[hard] == lv][:cfg.pass_k_per_level] for lv in HARD_LEVELS])
+    return Task(pool, sft, {"heldout": held, "validation": val, "inpool": inpool}, held.take(hard),
+                _key_index(pool))
 
 
 # ================================================================= warm start
@@ -270,6 +324,14 @@ def device_cluster_ids(tokens: jax.Array) -> jax.Array:
     return jnp.where(has, real, fresh).astype(jnp.int32)
 
 
+def distinct_answers(tokens: jax.Array) -> jax.Array:
+    """f32[P]: distinct answers (non-empty completions ended by EOS) in each group ``i32[P, G, L]``."""
+    has = jnp.any(tokens == EOS, axis=-1) & (tokens[..., 0] != EOS)
+    eq = jnp.all(tokens[:, :, None, :] == tokens[:, None, :, :], axis=-1) & has[:, :, None] & has[:, None, :]
+    first = jnp.argmax(eq, axis=-1)
+    return jnp.sum(has & (first == jnp.arange(tokens.shape[1])), axis=-1).astype(jnp.float32)
+
+
 # =================================================================== pipeline
 @flax.struct.dataclass
 class RunState:
@@ -319,7 +381,7 @@ class Pipeline:
         return jax.tree.map(lambda x: jnp.stack([x] * self.cfg.seeds), p)
 
     def step(self, state: State) -> tuple[State, dict]:
-        """ONE jitted pipeline step (sample -> reward -> weight -> update -> sync -> curriculum)."""
+        """ONE jitted pipeline step (sample -> reward -> select -> weight -> update -> sync -> curriculum)."""
         return self.fns.step_jit(state, self.data)
 
     @property
@@ -328,15 +390,20 @@ class Pipeline:
         return self.fns.step_jit
 
     def chunk(self, state: State, n: int) -> tuple[State, dict]:
-        """``n`` steps in one jitted ``lax.scan`` (state donated): metrics ``[n, R]``."""
+        """``n`` steps in one jitted ``lax.scan`` (state donated): metrics ``[n, R, ...]``."""
         key = ("chunk", n)
         if key not in self.fns.compiled:
             self.fns.compiled[key] = self.fns.chunk_jit.lower(state, self.data, n).compile()
         return self.fns.compiled[key](state, self.data)
 
     def evaluate(self, params) -> jax.Array:
-        """Greedy held-out accuracy f32[R, N_LEVELS] of params [R, ...]."""
+        """Greedy accuracy f32[R, len(EVAL_SETS), N_LEVELS] of params [R, ...] on each eval set and level."""
         return self.fns.evaluate(params, self.data)
+
+    def evaluate_sampled(self, params, key) -> dict:
+        """Sampled evaluation on the held-out hard levels: per run ``correct i32[R, H]`` (of
+        ``pass_k_samples``), ``distinct f32[R, H]`` answers per problem, ``entropy f32[R]``."""
+        return self.fns.evaluate_sampled(params, self.data, key)
 
     @property
     def phases(self):
@@ -350,9 +417,17 @@ def make_pipeline(cfg: LMConfig, task: Task, parts: Parts = Parts()) -> Pipeline
 
     ``parts`` are the library calls of the step (see :class:`Parts`).
     """
-    data = {"pool_prompts": jnp.asarray(task.pool.prompts), "pool_targets": jnp.asarray(task.pool.targets),
-            "pool_level": jnp.asarray(task.pool.level), "held_prompts": jnp.asarray(task.heldout.prompts),
-            "held_targets": jnp.asarray(task.heldout.targets), "held_level": jnp.asarray(task.heldout.level)}
+    pool = task.pool
+    pb = bucket_of(pool.level, pool.op, pool.carries)
+    ev = [task.evals[n] for n in EVAL_SETS]
+    data = {"pool_prompts": jnp.asarray(pool.prompts), "pool_targets": jnp.asarray(pool.targets),
+            "pool_level": jnp.asarray(pool.level), "pool_bucket": jnp.asarray(pb),
+            "level_table": cur.bucket_table(pool.level, num_buckets=N_LEVELS),
+            "bucket_table": cur.bucket_table(pb, num_buckets=N_BUCKETS),
+            "eval_prompts": jnp.asarray(np.concatenate([e.prompts for e in ev])),
+            "eval_targets": jnp.asarray(np.concatenate([e.targets for e in ev])),
+            "eval_group": jnp.asarray(np.concatenate([i * N_LEVELS + e.level for i, e in enumerate(ev)])),
+            "pk_prompts": jnp.asarray(task.pass_k.prompts), "pk_targets": jnp.asarray(task.pass_k.targets)}
     fns = _functions(cfg, parts)
     return Pipeline(cfg=cfg, model=fns.model, flags=fns.flags, data=data, fns=fns, parts=parts)
 
@@ -360,16 +435,18 @@ def make_pipeline(cfg: LMConfig, task: Task, parts: Parts = Parts()) -> Pipeline
 @functools.lru_cache(maxsize=8)
 def _functions(cfg: LMConfig, parts: Parts):
     model = _model(cfg)
-    b, g, L = cfg.prompts, cfg.generations, COMPLETION_LEN
+    b, p_all, g, L = cfg.prompts, cfg.sample_prompts, cfg.generations, COMPLETION_LEN
     R = cfg.runs
     ccfg = _curriculum_config(cfg)
-    use_cur = np.repeat([_ARM_FLAGS[a][0] for a in cfg.arms], cfg.seeds)
-    use_max = np.repeat([_ARM_FLAGS[a][1] for a in cfg.arms], cfg.seeds)
+    fl = {name: np.repeat([ARM_FLAGS[a][i] for a in cfg.arms], cfg.seeds)
+          for i, name in enumerate(("curriculum", "maxent", "dynamic", "seed", "kl_controller"))}
     seed_of = np.tile(np.arange(cfg.seeds), len(cfg.arms))
-    flags = {"curriculum": jnp.asarray(use_cur), "maxent": jnp.asarray(use_max)}
-    ctl_cfgs = jax.tree.map(lambda *x: jnp.stack(x), *[_maxent_config(cfg, bool(m)) for m in use_max])
+    flags = {k: jnp.asarray(v) for k, v in fl.items()}
+    ctl_cfgs = jax.tree.map(lambda *x: jnp.stack(x), *[
+        _maxent_config(cfg, bool(m), bool(k)) for m, k in zip(fl["maxent"], fl["kl_controller"])])
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(cfg.lr))
     total = jnp.float32(cfg.steps)
+    temp = jnp.float32(cfg.temperature)
     target_entropy = cfg.target_entropy_frac * math.log(g)
 
     def init(ref_params_per_seed, key) -> State:
@@ -386,74 +463,80 @@ def _functions(cfg: LMConfig, parts: Parts):
         return State(runs=runs.replace(learner=fresh(runs.learner)), actor=fresh(ref), ref=ref,
                      sync=S.init(_sync_config(cfg.sync_interval)), step=jnp.int32(0))
 
-    # ---- phase 1 (learner side): pick the prompts
+    # ---- phase 1 (learner side): pick the prompts: level-balanced fresh draws, or a fresh
+    # problem inside a bucket the curriculum picks
     def choose_one(rs: RunState, step, use_c, data):
-        k_cur, k_new, k_mix, k_act, k_next = jax.random.split(rs.key, 5)
-        ids_c = parts.curriculum_sample(rs.cur, k_cur, ccfg, step, total, b)
-        ids_n = jax.random.randint(k_new, (b,), 0, cfg.pool_size)
-        replay = use_c & (jax.random.uniform(k_mix, (b,)) < cfg.replay) & (ids_c >= 0) & (
+        k_cur, k_lvl, k_fresh, k_mix, k_bkt, k_act, k_sel, k_next = jax.random.split(rs.key, 8)
+        lev = jax.random.randint(k_lvl, (p_all,), 0, N_LEVELS)
+        ids_fresh = cur.draw_in_buckets(k_fresh, data["level_table"], lev)
+        eligible = data["bucket_table"].size > 0
+        b_cur = parts.curriculum_sample(rs.cur, k_cur, ccfg, step, total, p_all, eligible)
+        ids_cur = cur.draw_in_buckets(k_bkt, data["bucket_table"], b_cur)
+        replay = use_c & (jax.random.uniform(k_mix, (p_all,)) < cfg.replay) & (ids_cur >= 0) & (
             jnp.sum(rs.cur.count > 0) > 0)
-        ids = jnp.where(replay, ids_c, ids_n)
+        ids = jnp.maximum(jnp.where(replay, ids_cur, ids_fresh), 0)
         return {"ids": ids, "replay": replay, "prompts": data["pool_prompts"][ids],
                 "targets": data["pool_targets"][ids], "level": data["pool_level"][ids],
-                "k_act": k_act}, rs.replace(key=k_next)
+                "bucket": data["pool_bucket"][ids], "k_act": k_act, "k_sel": k_sel}, rs.replace(key=k_next)
 
-    # ---- phase 2 (actor side): sample G completions, reward, clusters
+    # ---- phase 2 (actor side): sample G completions per prompt, reward, clusters
     def act_one(actor, x):
         prompts = jnp.repeat(x["prompts"], g, axis=0)
-        s = sample(model, actor, prompts, x["k_act"], L, cfg.temperature)
-        tokens = s.tokens.reshape(b, g, L)
-        return {"tokens": tokens, "logp": s.logp.reshape(b, g, L), "mask": s.mask.reshape(b, g, L),
-                "reward": device_rewards(tokens, x["targets"]), "cluster": device_cluster_ids(tokens)}
+        s = sample(model, actor, prompts, x["k_act"], L, temp)
+        tokens = s.tokens.reshape(p_all, g, L)
+        return {"tokens": tokens, "logp": s.logp.reshape(p_all, g, L), "entropy": s.entropy.reshape(p_all, g, L),
+                "mask": s.mask.reshape(p_all, g, L), "reward": device_rewards(tokens, x["targets"]),
+                "cluster": device_cluster_ids(tokens)}
 
-    # ---- phase 3 (learner side): weights, update, curriculum
-    def learn_one(rs: RunState, ref, ctl_cfg, x, y, step, use_m):
-        prompts = jnp.repeat(x["prompts"], g, axis=0)
-        tokens = y["tokens"].reshape(b * g, L)
-        mask = y["mask"].reshape(b * g, L).astype(jnp.float32)
+    # ---- phase 3 (learner side): select groups, weights, update, curriculum
+    def learn_one(rs: RunState, ref, ctl_cfg, x, y, step, f):
+        reward_all = y["reward"]                                                   # [P, G]
+        idx = jnp.where(f["dynamic"], parts.select_groups(reward_all, b, x["k_sel"]), jnp.arange(b))
+        prompts = jnp.repeat(x["prompts"][idx], g, axis=0)
+        flat = lambda a: a[idx].reshape((b * g,) + a.shape[2:])  # noqa: E731
+        tokens, mask_b, act_lp, ent = flat(y["tokens"]), flat(y["mask"]), flat(y["logp"]), flat(y["entropy"])
+        mask = mask_b.astype(jnp.float32)
+        reward = reward_all[idx]
         ntok = jnp.maximum(jnp.sum(mask, -1), 1.0)
-        act_lp = y["logp"].reshape(b * g, L)
-        ref_lp = jnp.where(mask > 0, jax.lax.stop_gradient(sequence_logp(model, ref, prompts, tokens)), 0.0)
-        d = (ref_lp - act_lp) * mask
-        kl_tok = (jnp.exp(d) - d - 1.0) * mask                       # k3 estimator, >= 0
-        kl = jnp.sum(kl_tok) / jnp.sum(mask)
-        reward = y["reward"]
+        ref_lp = jnp.where(mask_b, jax.lax.stop_gradient(sequence_logp(model, ref, prompts, tokens, temp)), 0.0)
+        kl_actor = jnp.sum(M.k3_kl(act_lp, ref_lp) * mask) / jnp.maximum(jnp.sum(mask), 1.0)
         seq_act = jnp.sum(act_lp * mask, -1).reshape(b, g)
-        scale = parts.seed_scale(y["cluster"], seq_act, g, cfg.seed_alpha)    # [B]
+        scale = jnp.where(f["seed"], parts.seed_scale(y["cluster"][idx], seq_act, g, cfg.seed_alpha), 1.0)
         # groups whose rewards are all equal carry no preference (their GRPO advantages are 0):
-        # they are masked out of the MaxEnt weights, the entropy the tau controller sees and the loss
+        # they are masked out of the MaxEnt weights and the entropy the tau controller sees
         informative = jnp.max(reward, -1) > jnp.min(reward, -1)                  # [B]
         gmask = jnp.broadcast_to(informative[:, None], (b, g))
         ctl, out = parts.maxent_step(rs.ctl, reward, (jnp.sum(ref_lp * mask, -1) / ntok).reshape(b, g), gmask,
-                                     ctl_cfg, step, kl)
-        # the per-completion signal: GRPO's group advantages, or for the MaxEnt arms the MaxEnt
-        # weights centred on the group (G * w - 1: mean 0 over an informative group, 0 elsewhere);
-        # SEED-GRPO scales both by the group's semantic entropy
+                                     ctl_cfg, step, kl_actor)
+        # the per-completion signal: GRPO's group advantages, or the MaxEnt weights centred on the
+        # group (G * w - 1: mean 0 over an informative group, 0 elsewhere); SEED scales either
         centred = jnp.where(gmask, g * out.weights - 1.0, 0.0)
-        signal = jnp.where(use_m, centred, out.advantages)
-        adv = jax.lax.stop_gradient(signal * scale[:, None]).reshape(b * g)
-        beta = rs.ctl.beta     # fixed for the GRPO arms (controller off), steered for the MaxEnt arms
+        signal = (jnp.where(f["maxent"], centred, out.advantages) * scale[:, None]).reshape(b * g)
+        kl_coef = jnp.where(f["kl_controller"], rs.ctl.beta, jnp.float32(cfg.kl_coef))
 
         def loss_fn(p):
-            lp = jnp.where(mask > 0, sequence_logp(model, p, prompts, tokens), 0.0)
-            # clipped policy gradient (token level, per-sequence mean) + beta * KL to the reference (k3)
-            ratio = jnp.exp(lp - act_lp)
-            pg = -jnp.minimum(ratio * adv[:, None],
-                              jnp.clip(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv[:, None])
-            dd = ref_lp - lp
-            pen = jnp.exp(dd) - dd - 1.0
-            return jnp.mean(jnp.sum((pg + beta * pen) * mask, -1) / ntok)
+            lp = jnp.where(mask_b, sequence_logp(model, p, prompts, tokens, temp), 0.0)
+            return parts.policy_loss(lp, act_lp, signal, mask_b, ref_lp, kl_coef, cfg, ent)
 
-        loss, grads = jax.value_and_grad(loss_fn)(rs.learner)
+        (loss, lm), grads = jax.value_and_grad(loss_fn, has_aux=True)(rs.learner)
         upd, opt_state = opt.update(grads, rs.opt, rs.learner)
         learner = optax.apply_updates(rs.learner, upd)
-        cstate = parts.curriculum_update(rs.cur, x["ids"], reward, ccfg)
-        m = {"reward": jnp.mean(reward), "loss": loss, "kl": kl, "tau": rs.ctl.tau, "beta": rs.ctl.beta,
+        cstate = parts.curriculum_update(rs.cur, x["bucket"], reward_all, ccfg)   # from all P groups
+        inf_all = jnp.max(reward_all, -1) > jnp.min(reward_all, -1)
+        m = {"reward": jnp.mean(reward_all), "reward_trained": jnp.mean(reward), "loss": loss,
+             "kl": lm["policy/kl"], "kl_actor": kl_actor, "clip_fraction": lm["policy/clip_fraction"],
+             "ratio_mean": lm["policy/ratio_mean"], "ratio_max": lm["policy/ratio_max"],
+             "entropy": lm["policy/entropy"], "distinct_answers": jnp.mean(distinct_answers(y["tokens"])),
+             "frac_zero_std": 1.0 - jnp.mean(inf_all.astype(jnp.float32)),
+             "frac_zero_std_trained": 1.0 - jnp.mean(informative.astype(jnp.float32)),
+             "tau": rs.ctl.tau, "beta": rs.ctl.beta, "kl_coef": kl_coef,
              "weight_entropy": out.entropy.mean, "target_entropy": jnp.float32(target_entropy),
-             "frac_zero_std": 1.0 - jnp.mean(informative.astype(jnp.float32)), "seed_scale": jnp.mean(scale),
-             "replay": jnp.mean(x["replay"].astype(jnp.float32)),
-             "level": jnp.mean(x["level"].astype(jnp.float32)),
-             "tokens": jnp.sum(mask)}
+             "seed_scale": jnp.mean(scale), "replay": jnp.mean(x["replay"].astype(jnp.float32)),
+             "tokens": jnp.sum(y["mask"]).astype(jnp.float32),
+             "prompt_tokens": g * jnp.sum(x["prompts"] != 0).astype(jnp.float32),
+             "bucket_counts": jnp.bincount(x["bucket"], length=N_BUCKETS).astype(jnp.float32)}
+        for lv in range(N_LEVELS):
+            m[f"level_share_{lv + 1}"] = jnp.mean((x["level"] == lv).astype(jnp.float32))
         return rs.replace(learner=learner, opt=opt_state, ctl=ctl, cur=cstate), m
 
     def choose(state: State, data):
@@ -463,8 +546,7 @@ def _functions(cfg: LMConfig, parts: Parts):
         return jax.vmap(act_one)(actor, x)
 
     def learn(runs, ref, x, y, step, data=None):
-        return jax.vmap(learn_one, in_axes=(0, 0, 0, 0, 0, None, 0))(
-            runs, ref, ctl_cfgs, x, y, step, flags["maxent"])
+        return jax.vmap(learn_one, in_axes=(0, 0, 0, 0, 0, None, 0))(runs, ref, ctl_cfgs, x, y, step, flags)
 
     def one_step(state: State, data):
         x, runs = choose(state, data)
@@ -477,19 +559,46 @@ def _functions(cfg: LMConfig, parts: Parts):
     def chunk(state, data, n):
         return jax.lax.scan(lambda s, _: one_step(s, data), state, None, length=n)
 
+    n_groups = len(EVAL_SETS) * N_LEVELS
+
     def evaluate(params, data):
         def one(p):
-            s = sample(model, p, data["held_prompts"], jax.random.key(0), L, 1.0, greedy=True)
-            ok = jnp.all(s.tokens == data["held_targets"], axis=-1).astype(jnp.float32)
-            lv = data["held_level"]
-            return jax.ops.segment_sum(ok, lv, N_LEVELS) / jnp.maximum(
-                jax.ops.segment_sum(jnp.ones_like(ok), lv, N_LEVELS), 1.0)
+            s = sample(model, p, data["eval_prompts"], jax.random.key(0), L, 1.0, greedy=True)
+            ok = jnp.all(s.tokens == data["eval_targets"], axis=-1).astype(jnp.float32)
+            grp = data["eval_group"]
+            acc = jax.ops.segment_sum(ok, grp, n_groups) / jnp.maximum(
+                jax.ops.segment_sum(jnp.ones_like(ok), grp, n_groups), 1.0)
+            return acc.reshape(len(EVAL_SETS), N_LEVELS)
         return jax.lax.map(one, params)
 
+    n_k = cfg.pass_k_samples
+    per = math.gcd(n_k, 8)                         # samples per pass (bounds the KV cache)
+
+    def evaluate_sampled(params, data, key):
+        h = data["pk_prompts"].shape[0]
+        prompts = jnp.repeat(data["pk_prompts"], per, axis=0)
+
+        def one(args):
+            p, k = args
+
+            def part(kk):
+                s = sample(model, p, prompts, kk, L, temp)
+                tok = s.tokens.reshape(h, per, L)
+                m = s.mask.astype(jnp.float32)
+                return tok, jnp.sum(s.entropy * m), jnp.sum(m)
+
+            tok, e, n = jax.lax.map(part, jax.random.split(k, n_k // per))
+            tok = jnp.moveaxis(tok, 0, 1).reshape(h, n_k, L)
+            ok = jnp.all(tok == data["pk_targets"][:, None, :], axis=-1)
+            return {"correct": jnp.sum(ok, -1).astype(jnp.int32), "distinct": distinct_answers(tok),
+                    "entropy": jnp.sum(e) / jnp.maximum(jnp.sum(n), 1.0)}
+
+        keys = jax.random.split(key, jax.tree.leaves(params)[0].shape[0])
+        return jax.lax.map(one, (params, keys))
+
     return types.SimpleNamespace(
-        model=model, flags={"curriculum": use_cur, "maxent": use_max, "seed": seed_of},
+        model=model, flags={**fl, "seed_index": seed_of},
         init=jax.jit(init), step_jit=jax.jit(one_step),
         chunk_jit=jax.jit(chunk, static_argnums=2, donate_argnums=0),
-        choose=choose, act=act, learn=learn, evaluate=jax.jit(evaluate), compiled={})
-
-
+        choose=choose, act=act, learn=learn, evaluate=jax.jit(evaluate),
+        evaluate_sampled=jax.jit(evaluate_sampled), compiled={})

@@ -3,7 +3,12 @@
 Problems are ``a+b`` and ``a-b`` (``a >= b`` for subtraction, so answers are
 never negative) with 1 to 4 digit operands. The difficulty level of a problem
 is ``max(digits(a), digits(b)) - 1`` (0..3); the number of carries (addition)
-or borrows (subtraction) is recorded too (``Pool.carries``).
+or borrows (subtraction) is recorded too (``Pool.carries``). Every distinct
+problem belongs to one split by a hash of the problem (:func:`split_of`):
+``train`` (the RL pool and the warm-start set), ``validation`` (tuning) and
+``heldout`` (reported), disjoint at every level; and to one of
+``N_BUCKETS = 24`` buckets, level x operation x min(carries, 2) (:func:`bucket_of`;
+21 are non-empty), the curriculum's items.
 
 Token layout (all host-side NumPy; the device only sees integer arrays):
 
@@ -31,8 +36,9 @@ from .. import maxent as M
 
 __all__ = [
     "VOCAB", "PAD", "EOS", "VOCAB_SIZE", "PROMPT_LEN", "COMPLETION_LEN", "N_LEVELS",
-    "Pool", "make_pool", "make_heldout", "stratified", "encode_prompts", "encode_targets",
-    "render_completion", "answer_from_text", "host_rewards", "host_cluster_ids",
+    "SPLITS", "N_BUCKETS", "Pool", "split_of", "bucket_of", "bucket_name", "make_pool", "make_split_set",
+    "stratified", "encode_prompts", "encode_targets", "render_completion", "answer_from_text",
+    "host_rewards", "host_cluster_ids",
 ]
 
 VOCAB = ("<pad>", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "+", "-", "=", "<eos>")
@@ -41,6 +47,9 @@ VOCAB_SIZE = len(VOCAB)
 PROMPT_LEN = 10          # "9999+9999="
 COMPLETION_LEN = 6       # 5 answer digits + EOS
 N_LEVELS = 4
+N_BUCKETS = N_LEVELS * 2 * 3
+SPLITS = ("train", "validation", "heldout")
+_SPLIT_FRAC = (0.8, 0.1, 0.1)
 _LUT = np.zeros(256, np.int32)
 for _i, _c in enumerate("0123456789+-="):
     _LUT[ord(_c)] = _i + 1
@@ -128,63 +137,69 @@ def _code(a: np.ndarray, b: np.ndarray, op: np.ndarray) -> np.ndarray:
     return (a * 10_000 + b) * 2 + op
 
 
-def make_pool(size: int, seed: int = 0) -> Pool:
-    """``size`` distinct problems (deterministic in ``seed``), in random order.
+def split_of(a: np.ndarray, b: np.ndarray, op: np.ndarray, seed: int = 0) -> np.ndarray:
+    """i32[N] split of each problem: 0 train (80%), 1 validation (10%), 2 heldout (10%).
 
-    Drawn level-uniformly and deduplicated: level 0 has only 155 distinct
-    problems and level 1 about 19k, so a pool of 131,072 holds about 0.1%,
-    14%, 43% and 43% of levels 0..3.
+    A fixed hash of the problem (and ``seed``), so a problem is in the same split wherever
+    it is drawn: the held-out and validation problems are never in the pool or the warm start.
     """
-    rng = np.random.default_rng(seed)
-    codes: np.ndarray = np.zeros((0,), np.int64)
-    parts = []
-    while True:
-        a, b, op = _draw(rng, 2 * size)
-        c = _code(a, b, op)
-        parts.append((a, b, op))
-        allc = np.concatenate([codes, c])
-        _, first = np.unique(allc, return_index=True)
-        if len(first) >= size:
-            break
-        codes = allc
-    a = np.concatenate([p[0] for p in parts])
-    b = np.concatenate([p[1] for p in parts])
-    op = np.concatenate([p[2] for p in parts])
+    x = (_code(np.asarray(a), np.asarray(b), np.asarray(op)).astype(np.uint64)
+         + np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15))
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(33))) * np.uint64(0xFF51AFD7ED558CCD)
+        x = (x ^ (x >> np.uint64(33))) * np.uint64(0xC4CEB9FE1A85EC53)
+        x = x ^ (x >> np.uint64(33))
+    u = (x % np.uint64(1_000_000)).astype(np.float64) / 1e6
+    cut = np.cumsum(_SPLIT_FRAC)
+    return np.searchsorted(cut[:-1], u, side="right").astype(np.int32)
+
+
+def bucket_of(level: np.ndarray, op: np.ndarray, carries: np.ndarray) -> np.ndarray:
+    """i32[N] bucket of each problem: ``level * 6 + op * 3 + min(carries, 2)`` (0..23)."""
+    return (np.asarray(level) * 6 + np.asarray(op) * 3 + np.minimum(np.asarray(carries), 2)).astype(np.int32)
+
+
+def bucket_name(k: int) -> str:
+    """``"3d+ c2"``: digits of the longer operand, operation, carries (2 = two or more)."""
+    return f"{k // 6 + 1}d{'+-'[(k // 3) % 2]} c{k % 3}"
+
+
+def _distinct(rng: np.random.Generator, n_draw: int, split: int):
+    a, b, op = _draw(rng, n_draw)
+    keep = split_of(a, b, op) == split
+    a, b, op = a[keep], b[keep], op[keep]
     _, first = np.unique(_code(a, b, op), return_index=True)
-    keep = np.sort(first)[:size]
-    return _build(a[keep], b[keep], op[keep])
+    first = np.sort(first)
+    return a[first], b[first], op[first]
 
 
-def make_heldout(per_level: int, exclude: Pool | None = None, seed: int = 1) -> Pool:
-    """``per_level`` distinct problems of each level, outside ``exclude`` where the level allows.
+def make_pool(size: int, seed: int = 0, split: int = 0) -> Pool:
+    """Up to ``size`` distinct problems of one split (deterministic in ``seed``), in random order.
 
-    Level 0 has only 155 distinct problems and level 1 about 19k, so a large
-    pool holds most of them: there the held-out set may overlap the pool
-    (it is still disjoint from the warm-start subset only by chance). Levels
-    2 and 3 are disjoint from ``exclude``.
+    Drawn level-uniformly and deduplicated: level 0 has only 155 distinct problems (about
+    124 in the train split) and level 1 about 19k, so a pool of 131,072 holds all of level
+    0's and most of level 1's; the pipeline's draws are level-balanced all the same.
     """
     rng = np.random.default_rng(seed)
-    ex = set() if exclude is None else set(_code(exclude.a, exclude.b, exclude.op).tolist())
-    out = []
-    for lev in range(N_LEVELS):
-        chosen: dict[int, tuple] = {}
-        fresh_only = lev >= 2
-        tries = 0
-        while len(chosen) < per_level and tries < 200:
-            tries += 1
-            a, b, op = _draw(rng, 4 * 4096)
-            lv = np.maximum(_digits(a), _digits(b)) - 1
-            for x, y, o, l in zip(a.tolist(), b.tolist(), op.tolist(), lv.tolist()):
-                c = (x * 10_000 + y) * 2 + o
-                if l != lev or c in chosen or (fresh_only and c in ex):
-                    continue
-                chosen[c] = (x, y, o)
-                if len(chosen) == per_level:
-                    break
-        rows = np.array(list(chosen.values()), np.int64).reshape(-1, 3)
-        out.append(rows)
-    rows = np.concatenate(out)
-    return _build(rows[:, 0], rows[:, 1], rows[:, 2].astype(np.int32))
+    a, b, op = _distinct(rng, 4 * size, split)
+    a, b, op = a[:size], b[:size], op[:size]
+    return _build(a, b, op)
+
+
+def make_split_set(per_level: int, split: int, seed: int = 1, pool: Pool | None = None) -> Pool:
+    """``per_level`` distinct problems of each level from ``split`` (or from ``pool`` if given).
+
+    A level with fewer problems in the split gives all it has (level 0: about 15 in the
+    validation and held-out splits).
+    """
+    rng = np.random.default_rng(seed)
+    if pool is None:
+        a, b, op = _distinct(rng, 400_000, split)
+        src = _build(a, b, op)
+    else:
+        src = pool
+    idx = [rng.permutation(np.flatnonzero(src.level == lv))[:per_level] for lv in range(N_LEVELS)]
+    return src.take(np.concatenate(idx))
 
 
 def stratified(pool: Pool, n: int, seed: int = 0) -> np.ndarray:

@@ -48,6 +48,8 @@ from .controllers import (
 )
 from .pipeline import MaxEntStepOutput, RewardStatistics, compute_reward_statistics, metrics_dict, step
 from .seed import seed_grpo_scale, semantic_entropy
+from .loss import NORMALIZATIONS, k3_kl, policy_loss
+from .dynamic import GroupSelection, select_groups
 from .weights import (
     WeightEntropy,
     effective_sample_size,
@@ -100,4 +102,10 @@ __all__ = [
     "cluster_ids",
     "pad_groups",
     "truncation_flags",
+    # the learner's policy loss and dynamic sampling
+    "NORMALIZATIONS",
+    "policy_loss",
+    "k3_kl",
+    "GroupSelection",
+    "select_groups",
 ]

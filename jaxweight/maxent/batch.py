@@ -41,6 +41,26 @@ def pad_groups(groups: Sequence[Sequence[float]], fill: float = np.nan) -> tuple
     return vals, mask
 
 
+def _length(x: Any, name: str) -> int:
+    try:
+        return len(x)
+    except TypeError:
+        raise ValueError(f"{name} must be a sequence like finish_reasons, got {type(x).__name__}") from None
+
+
+def _check_ragged(rows: Sequence[Any], other: Any, name: str, nested: bool) -> None:
+    """Refuse ``other`` unless it has the shape of ``rows``: as many rows, each as long (flat: one row)."""
+    if nested:
+        n, m = len(rows), _length(other, name)
+        if m != n:
+            raise ValueError(f"{name} has {m} rows but finish_reasons has {n}")
+    for i, (r, o) in enumerate(zip(rows, other)):
+        sub = f"[{i}]" if nested else ""
+        a, b = len(r), _length(o, name + sub)
+        if a != b:
+            raise ValueError(f"{name}{sub} has {b} entries but finish_reasons{sub} has {a}")
+
+
 def truncation_flags(
     finish_reasons: Sequence[Any],
     token_counts: Any,
@@ -63,13 +83,18 @@ def truncation_flags(
       bool array of the padded shape (padding False).
 
     Raises:
-      ValueError: ``max_completion_len`` NaN / inf or a traced value (a host helper).
+      ValueError: ``max_completion_len`` NaN / inf or a traced value (a host helper);
+        ``token_counts`` or ``explicit`` whose length (or a row's length) differs from
+        ``finish_reasons``'s (the message names the argument and both lengths).
     """
     check_value(max_completion_len, "max_completion_len", static=True)
     nested = len(finish_reasons) > 0 and not isinstance(finish_reasons[0], str | type(None))
     rows = finish_reasons if nested else [finish_reasons]
     toks = token_counts if nested else [token_counts]
     expl = explicit if explicit is None or nested else [explicit]
+    _check_ragged(rows, toks, "token_counts", nested)
+    if expl is not None:
+        _check_ragged(rows, expl, "explicit", nested)
     out = []
     for i, reasons in enumerate(rows):
         row = []

@@ -90,13 +90,14 @@ def _check(obj: Any, traced: bool, name: str, label: str | None = None, **bounds
 
 
 def _check_target(v: Any, name: str, traced: bool) -> None:
-    """A target may be unset (None or NaN); anything else must be finite."""
+    """An entropy target may be unset (None or NaN); anything else must be finite and >= 0
+    (an entropy is never negative, so a negative target would drive tau to its floor)."""
     if checkable(v, traced):
         if isinstance(v, str):
             check_value(v, name)
         xp = array_module(v)
         a = xp.asarray(v, xp.float32)
-        check_value(xp.where(xp.isnan(a), 0.0, a), name)
+        check_value(xp.where(xp.isnan(a), 0.0, a), name, ge=0.0)
 
 
 def _check_cap(lo: Any, hi: Any, name_lo: str, name_hi: str, traced: bool) -> None:
@@ -167,13 +168,13 @@ class TauSchedule:
     is built (``ValueError`` naming the field, its value and the accepted range).
 
     Attributes:
-      target_entropy: weight entropy to reach; unset disables the controller.
+      target_entropy: weight entropy to reach (>= 0); unset disables the controller.
       learning_rate: step in log-tau space per unit of entropy error (>= 0).
       minimum_value: lower clamp of tau (>= 0).
       maximum_value: upper clamp of tau; ``<= 0`` means no cap, else ``>= minimum_value``.
       warmup_steps: no update while ``global_step <= max(0, warmup_steps)`` (an integer).
-      target_entropy_start, target_entropy_final: annealed target (each defaults to
-        ``target_entropy``).
+      target_entropy_start, target_entropy_final: annealed target (each >= 0; each defaults
+        to ``target_entropy``).
       target_entropy_horizon: steps (>= 0) from start to final; ``0`` uses final at once.
     """
 

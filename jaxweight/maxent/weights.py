@@ -120,10 +120,10 @@ def weight_matrix(
       ref_logp: f32[P, G] length-normalised reference sequence log-probs.
       token_counts: f32[P, G] completion lengths or None.
       mask: bool[P, G] or None.
-      tau: f32[] temperature (finite; traceable; NaN / inf raise ``ValueError``
-        eagerly or through ``jaxweight.checked`` when traced).
-      beta: f32[] reference coefficient (finite; traceable, checked as ``tau``).
-      denom: f32[] denominator or None (= tau); finite, checked as ``tau``.
+      tau: f32[] temperature, finite and >= 0 (traceable; a negative, NaN or inf value
+        raises ``ValueError`` eagerly, or through ``jaxweight.checked`` when traced).
+      beta: f32[] reference coefficient, finite and >= 0 (checked as ``tau``).
+      denom: f32[] denominator or None (= tau); finite and >= 0, checked as ``tau``.
       include_reference_term: static, use the ``beta * ref_logp`` term.
       normalize_by_tokens: static, multiply by token counts and renormalise.
 
@@ -142,12 +142,12 @@ def weight_matrix(
         dw_dtau = jax.jacfwd(lambda t: maxent.weight_matrix(q, ref_logp, tau=t, beta=0.1))(0.5)
         assert abs(float(w[0, 2]) - 0.9268) < 1e-3 and dw_dtau.shape == (1, 3)
     """
-    # a leaf function: finite settings are checked eagerly and, when traced, through checkify
-    # (the spec'd fallbacks tau <= 0 -> 1e-8 and denom <= 0 -> tau stay)
-    check_value(tau, "tau")
-    check_value(beta, "beta")
+    # a leaf function: the ranges of maxent.config, checked eagerly and, when traced, through
+    # checkify (the spec'd fallbacks tau == 0 -> 1e-8 and denom == 0 -> tau stay)
+    check_value(tau, "tau", ge=0.0)
+    check_value(beta, "beta", ge=0.0)
     if denom is not None:
-        check_value(denom, "denom")
+        check_value(denom, "denom", ge=0.0)
     qa = matrix(q, "q")
     valid = mask_of(mask, qa, "q") & jnp.isfinite(qa)
     ref = None
@@ -183,12 +183,15 @@ def weights_from(q: Array, ref: Array | None, tok: Array | None, valid: Array, t
     mx = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True, initial=-jnp.inf))
     # an infinite max (overflowed scores) shares the mass among the entries equal to it
     z = jnp.where(jnp.isfinite(mx), s - mx, jnp.where(s == mx, 0.0, -jnp.inf))
-    e = jnp.where(valid, jnp.exp(z), 0.0)
     lw = z
     if tok is not None:
-        tk = jnp.maximum(jnp.where(valid, tok, 1.0), 1.0)
-        e = e * tk
-        lw = lw + jnp.log(tk)
+        # w ~ exp(z) * tok in the log domain, shifted again: a huge finite count (3e38)
+        # would overflow the product
+        lw = z + jnp.log(jnp.maximum(jnp.where(valid, tok, 1.0), 1.0))
+        m2 = jax.lax.stop_gradient(jnp.max(jnp.where(valid, lw, -jnp.inf), axis=-1, keepdims=True,
+                                           initial=-jnp.inf))
+        lw = jnp.where(jnp.isfinite(m2), lw - m2, lw)
+    e = jnp.where(valid, jnp.exp(lw), 0.0)
     tot = jnp.sum(e, axis=-1, keepdims=True)
     tot = jnp.where(tot > 0, tot, 1.0)
     return e / tot, lw - jnp.log(tot)
@@ -301,7 +304,14 @@ def effective_sample_size(weights: Any, mask: Any = None) -> Array:
       mask: bool[P, G] or None.
 
     Returns:
-      f32[P] in ``[1, n]``; empty or all-zero rows give 0.
+      f32[P] in ``[1, n]``; empty or all-zero rows give 0. The ESS does not depend on the
+      scale of a row, so it is computed from ``log w`` shifted by the row's largest:
+      finite weights of any magnitude (3e38) give a finite ESS.
     """
     w = matrix(weights, "weights")
-    return entropy_from(w, mask_of(mask, w, "weights") & jnp.isfinite(w))[1]
+    pos = mask_of(mask, w, "weights") & jnp.isfinite(w) & (w > 0)
+    lw = jnp.where(pos, jnp.log(jnp.where(pos, w, 1.0)), -jnp.inf)
+    top = jnp.max(lw, axis=-1, keepdims=True, initial=-jnp.inf)
+    e = jnp.where(pos, jnp.exp(lw - jnp.where(jnp.isfinite(top), top, 0.0)), 0.0)
+    s1, s2 = jnp.sum(e, axis=-1), jnp.sum(e * e, axis=-1)
+    return jnp.where(s2 > 0, s1 * s1 / jnp.where(s2 > 0, s2, 1.0), 0.0)

@@ -26,7 +26,7 @@ import numpy as np
 from flax import struct
 
 from .._util import check_static_int, check_value
-from .data import FragmentPairs
+from .data import FragmentPairs, check_preferences, preference_ok
 
 Array = jax.Array
 
@@ -110,9 +110,11 @@ def step(buf: PreferenceBuffer, pairs: FragmentPairs, prefs: Array, cfg: BufferC
 
     ``count > capacity`` keeps the newest ``capacity`` of them.
     ``size = min(size + count, capacity)``. The pairs' ``valid`` flags are
-    stored and later used as a training mask. Pairs are stored as given: the
-    reward trainer leaves out (and counts as ``n_invalid``) stored pairs with
-    non-finite inputs or preferences outside ``[0, 1]``.
+    stored and later used as a training mask. Concrete preferences must lie in
+    ``[0, 1]``; traced ones (under ``jax.jit``) are stored as given, and a pair
+    whose preference is NaN or outside ``[0, 1]`` is left out by :func:`mask`
+    (so by training, which counts it as ``n_invalid``, and by ``buffer/valid``).
+    Pairs with non-finite or out-of-range inputs are left out by training likewise.
 
     Args:
       buf: the buffer.
@@ -124,8 +126,9 @@ def step(buf: PreferenceBuffer, pairs: FragmentPairs, prefs: Array, cfg: BufferC
 
     Raises:
       ValueError: "Unexpected preferences shape {s}, expected ({P},)";
-        "preferences should have dtype float32" (imitation's messages); pairs
-        whose shapes or dtypes differ from the buffer's; a concrete ``count``
+        "preferences should have dtype float32" (imitation's messages); concrete
+        preferences that are NaN or outside ``[0, 1]`` (among the first ``count``);
+        pairs whose shapes or dtypes differ from the buffer's; a concrete ``count``
         outside ``[0, P]`` (a traced one is clipped to it).
     """
     if buf.capacity != cfg.capacity:
@@ -152,6 +155,7 @@ def step(buf: PreferenceBuffer, pairs: FragmentPairs, prefs: Array, cfg: BufferC
         count = p
     else:
         check_value(count, "count", ge=0, le=p, integer=True)
+    check_preferences(prefs, "prefs", count)
     if p == 0:
         return buf
     return _push(buf, pairs, jnp.asarray(prefs, jnp.float32), jnp.asarray(count, jnp.int32))
@@ -177,8 +181,8 @@ def _push(buf: PreferenceBuffer, pairs: FragmentPairs, prefs: Array, count: Arra
 
 
 def mask(buf: PreferenceBuffer) -> Array:
-    """``bool[capacity]``: filled slots whose pair is valid (the items training uses)."""
-    return (jnp.arange(buf.capacity) < buf.size) & buf.pairs.valid
+    """``bool[capacity]``: filled slots whose pair is valid and whose preference is in [0, 1]."""
+    return (jnp.arange(buf.capacity) < buf.size) & buf.pairs.valid & preference_ok(buf.prefs)
 
 
 def ordered(buf: PreferenceBuffer) -> tuple[FragmentPairs, Array, Array]:
@@ -195,9 +199,13 @@ def ordered(buf: PreferenceBuffer) -> tuple[FragmentPairs, Array, Array]:
 
 
 def metrics_dict(buf: PreferenceBuffer, cfg: BufferConfig | None = None) -> dict[str, float]:
-    """``{"buffer/size", "buffer/valid", "buffer/capacity"}`` as floats (host side; averaged over a seed axis)."""
-    size, flags = jax.device_get((buf.size, buf.pairs.valid))
-    size, flags = np.asarray(size), np.asarray(flags, bool)
+    """``{"buffer/size", "buffer/valid", "buffer/capacity"}`` as floats (host side; averaged over a seed axis).
+
+    ``buffer/valid`` counts the filled slots :func:`mask` keeps (valid pair, preference in [0, 1]).
+    """
+    size, flags, prefs = jax.device_get((buf.size, buf.pairs.valid, buf.prefs))
+    size, prefs = np.asarray(size), np.asarray(prefs, np.float32)
+    flags = np.asarray(flags, bool) & np.isfinite(prefs) & (prefs >= 0.0) & (prefs <= 1.0)
     filled = np.arange(flags.shape[-1]) < size[..., None]
     return {"buffer/size": float(np.mean(size)), "buffer/valid": float(np.mean(np.sum(filled & flags, axis=-1))),
             "buffer/capacity": float(flags.shape[-1])}

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from .._util import check_rank, check_value
+from .._util import check_rank, check_value, concrete
 
 Array = jax.Array
 
@@ -369,3 +369,32 @@ def example_inputs(data: Trajectories | FragmentPairs) -> tuple[Array, Array, Ar
     lead = d.ndim
     one = lambda x: x.reshape((-1,) + x.shape[lead:])[:1]  # noqa: E731
     return one(s), one(a), one(s2), one(d)
+
+
+def preference_ok(prefs: Any) -> Array:
+    """``bool[...]``: preferences a model can train on (finite probabilities in ``[0, 1]``); jittable."""
+    p = jnp.asarray(prefs, jnp.float32)
+    return jnp.isfinite(p) & (p >= 0.0) & (p <= 1.0)
+
+
+def check_preferences(prefs: Any, name: str = "prefs", count: Any = None) -> None:
+    """Refuse concrete preferences (the first ``count``) that are NaN or outside ``[0, 1]``.
+
+    Traced ones are not checked here: the functions that take them leave such entries
+    out and count them (:func:`preference_ok`).
+
+    Raises:
+      ValueError: ``"prefs must be probabilities in [0.0, 1.0] (finite), got prefs[3]=1.5 (1 of 12 ...)"``.
+    """
+    c = concrete(prefs)
+    if c is None:
+        return
+    n = c.size if count is None else concrete(count)
+    if n is None:
+        return
+    c = np.asarray(c, np.float64).reshape(-1)[: int(n)]
+    bad = ~(np.isfinite(c) & (c >= 0.0) & (c <= 1.0))
+    if np.any(bad):
+        i = int(np.argmax(bad))
+        raise ValueError(f"{name} must be probabilities in [0.0, 1.0] (finite), got {name}[{i}]={float(c[i])!r} "
+                         f"({int(bad.sum())} of {c.size} out of range)")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,7 @@ Array = jax.Array
 logger = logging.getLogger("jaxweight.preference")
 
 CHECKPOINT_NAME = "loop_state.ckpt"
-_FINGERPRINT_VERSION = 3
+_FINGERPRINT_VERSION = 4
 _SETTINGS = loop._STATIC + tuple(loop._HPARAMS)
 
 _ALLOW_VARIABLE_HORIZON_WARNING = (
@@ -192,6 +193,7 @@ class PreferenceComparisons:
             fragmenter=fragmenter, active_sample_factor=active_sample_factor, uncertainty_on=uncertainty_on,
             sample=bool(sample), normalize_agent_reward=bool(normalize_agent_reward), eval_episodes=eval_episodes,
             generator=generator, reward_module=reward_module, trainer=reward_trainer.config,
+            agent_hparams=getattr(generator, "hparams", None),
             **{k: jnp.asarray(v, jnp.float32) for k, v in hp.items()},
         )
         object.__setattr__(self, "config", cfg)
@@ -291,20 +293,42 @@ class PreferenceComparisons:
     def compile(self, total_timesteps: int, total_comparisons: int, *, num_seeds: int | None = None) -> None:
         """Compile ``init`` and the rounds program ahead of time, so a caller can time compilation apart.
 
-        Optional: without it the first round compiles.
+        :meth:`train` and :meth:`run` call it first (nothing to do once compiled); the two
+        programs compile at the same time (init on a thread).
         """
         cfg = self.config_for(total_timesteps, total_comparisons)
         batched = num_seeds is not None
         keys, run_keys = self._keys(0, num_seeds)
         init = self._fn("init", batched)
+        # XLA compiles without the GIL: init compiles on a thread while the rounds program is
+        # traced and compiled here, so the first round waits for the larger of the two, not both
+        worker = None
         if ("aot", "init", cfg.plan, batched) not in self._jit:
-            compiled = init.lower(cfg, keys).compile()
+            lowered = init.lower(cfg, keys)
+            box: dict = {}
+
+            def compile_init():
+                try:
+                    box["compiled"] = lowered.compile()
+                except BaseException as e:  # noqa: BLE001 - re-raised in the calling thread
+                    box["error"] = e
+
+            worker = threading.Thread(target=compile_init, name="jaxweight-compile-init", daemon=True)
+            worker.start()
+        try:
+            if ("aot", "rounds", cfg.plan, batched) not in self._jit:
+                i32 = jax.ShapeDtypeStruct((), jnp.int32)
+                state = jax.eval_shape(init, cfg, keys)
+                self._jit[("aot", "rounds", cfg.plan, batched)] = (
+                    self._fn("rounds", batched).lower(state, run_keys, cfg, i32, i32).compile())
+        finally:
+            if worker is not None:
+                worker.join()
+        if worker is not None:
+            if "error" in box:
+                raise box["error"]
+            compiled = box["compiled"]
             self._jit[("aot", "init", cfg.plan, batched)] = lambda k: compiled(cfg, k)
-        if ("aot", "rounds", cfg.plan, batched) not in self._jit:
-            i32 = jax.ShapeDtypeStruct((), jnp.int32)
-            state = jax.eval_shape(init, cfg, keys)
-            self._jit[("aot", "rounds", cfg.plan, batched)] = (
-                self._fn("rounds", batched).lower(state, run_keys, cfg, i32, i32).compile())
 
     def init_run(self, key: Any, total_timesteps: int, total_comparisons: int, *,
                  num_seeds: int | None = None) -> LoopState:
@@ -321,6 +345,7 @@ class PreferenceComparisons:
         """
         cfg = self.config_for(total_timesteps, total_comparisons)
         batched = num_seeds is not None
+        self.compile(total_timesteps, total_comparisons, num_seeds=num_seeds)  # no-op once compiled
         keys, run_keys = self._keys(key, num_seeds)
         state = self._call("init", batched, cfg, keys)
         return self._call("rounds", batched, cfg, state, run_keys, 0, cfg.plan.num_rounds)
@@ -346,15 +371,6 @@ class PreferenceComparisons:
         fp["generator/type"] = type(self.generator).__name__
         fp.update({f"generator/{k}": _jsonable(v) for k, v in gen_fp.items()})
         return json.loads(json.dumps(fp))
-
-    def _with_current_hparams(self, state: LoopState) -> LoopState:
-        """``state`` with the agent's current hyperparameter leaves (they ride in its state), broadcast to its seeds."""
-        gen_hp = getattr(self.generator, "hparams", None)
-        ppo = getattr(state.gen, "ppo", None)
-        if gen_hp is not None and ppo is not None and hasattr(ppo, "hparams"):
-            new = jax.tree.map(lambda o, n: jnp.broadcast_to(jnp.asarray(n, o.dtype), o.shape), ppo.hparams, gen_hp)
-            state = state.replace(gen=state.gen.replace(ppo=ppo.replace(hparams=new)))
-        return state
 
     def check_checkpoint(
         self, checkpoint_dir: str | Path, total_timesteps: int, total_comparisons: int, *,
@@ -409,7 +425,7 @@ class PreferenceComparisons:
             if quiet:
                 return None, meta, note
             logger.warning("resuming %s with changed settings: %s", ckpt, "; ".join(diff))
-            return self._with_current_hparams(state), meta, note
+            return state, meta, note
         if failed is not None:
             raise failed
         return state, meta, None
@@ -473,6 +489,8 @@ class PreferenceComparisons:
             state, meta, note = self._load(ckpt, fingerprint, target, allow_changed)
             history = list(meta.get("history", []))
             overrides = list(meta.get("overrides", [])) + ([note] if note else [])
+        # after the checkpoint checks: a refused resume compiles nothing
+        self.compile(total_timesteps, total_comparisons, num_seeds=num_seeds)  # no-op once compiled
         if state is None:
             state = self._call("init", batched, cfg, keys)
         self.overrides = overrides

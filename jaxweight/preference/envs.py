@@ -35,6 +35,8 @@ from gymnax.environments import environment, spaces
 from gymnax.environments.classic_control import cartpole as _cartpole
 from gymnax.environments.classic_control import pendulum as _pendulum
 
+from .._util import concrete
+
 __all__ = [
     "SquashedObsReward",
     "reward_net",
@@ -58,6 +60,18 @@ RewardFn = Callable[[Any, Array, Array, Array, Array], Array]
 _F32_MAX = float(jnp.finfo(jnp.float32).max)
 
 
+def _action_ok(space: Any, action: Any, xp: Any) -> Any:
+    """bool[]: ``action`` belongs to ``space`` (Discrete: an integer in ``[0, n)``; Box: finite)."""
+    a = xp.asarray(action)
+    floating = xp.issubdtype(a.dtype, xp.floating)
+    if isinstance(space, spaces.Discrete):
+        ok = (a >= 0) & (a < int(space.n))
+        if floating:
+            ok = ok & (xp.floor(a) == a)
+        return xp.all(ok)
+    return xp.all(xp.isfinite(a)) if floating else xp.asarray(True)
+
+
 def env_step(env: environment.Environment, key: Any, state: Any, action: Any, params: Any = None):
     """``env.step`` (auto-reset) as ``(obs, state, reward, done, info)`` for every supported gymnax.
 
@@ -67,21 +81,53 @@ def env_step(env: environment.Environment, key: Any, state: Any, action: Any, pa
     ``done = terminated | truncated`` (both kept in ``info``). Works on the
     batched call too (``jax.vmap(partial(env_step, env), ...)``).
 
+    An action outside the action space (``7`` for ``Discrete(2)``, a NaN for a
+    ``Box``) is refused when concrete; a traced one (under ``jit`` / ``vmap``)
+    leaves the environment where it was: the state and observation are the old
+    ones, the reward 0, ``done`` False and ``info["invalid_action"]`` True (False
+    for every valid action, so a rollout can count them).
+
     Args:
       env: a gymnax environment.
       key, state, action, params: as ``env.step``.
 
     Returns:
       ``(obs, state, reward, done bool[], info dict)``.
+
+    Raises:
+      ValueError: a concrete action outside ``env.action_space(params)``.
     """
+    space = env.action_space(params) if hasattr(env, "action_space") else None
+    if not isinstance(space, spaces.Discrete | spaces.Box):  # no space to check against
+        return _step(env, key, state, action, params, jnp.asarray(True))
+    c = concrete(action)
+    if c is not None:
+        if not bool(_action_ok(space, c, np)):
+            want = (f"an integer in [0, {int(space.n) - 1}]" if isinstance(space, spaces.Discrete)
+                    else "finite")
+            raise ValueError(f"action must be {want} for the action space {type(space).__name__} of "
+                             f"{getattr(env, 'name', type(env).__name__)}, got {c.tolist()!r}")
+        return _step(env, key, state, action, params, jnp.asarray(True))
+    ok = _action_ok(space, action, jnp)
+    a = jnp.asarray(action)
+    safe = jnp.where(ok, a, jnp.zeros((), a.dtype))  # never step the env with a bad value
+    obs, new_state, reward, done, info = _step(env, key, state, safe, params, ok)
+    keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
+    return (keep(obs, jnp.asarray(env.get_obs(state), jnp.asarray(obs).dtype)), jax.tree.map(keep, new_state, state),
+            jnp.where(ok, reward, jnp.zeros((), jnp.asarray(reward).dtype)), ok & done, info)
+
+
+def _step(env: environment.Environment, key: Any, state: Any, action: Any, params: Any, ok: Array):
     out = env.step(key, state, action, params)
     if len(out) == 6:  # gymnax >= 1.0
         obs, state, reward, terminated, truncated, info = out
         done = jnp.logical_or(terminated, truncated)
-        return obs, state, reward, done, {**info, "terminated": terminated, "truncated": truncated}
-    if len(out) == 5:  # gymnax 0.0.x
-        return out
-    raise ValueError(f"{type(env).__name__}.step returned {len(out)} values; expected 5 (gymnax 0.0.x) or 6 (1.x)")
+        info = {**info, "terminated": terminated & ok, "truncated": truncated & ok}
+    elif len(out) == 5:  # gymnax 0.0.x
+        obs, state, reward, done, info = out
+    else:
+        raise ValueError(f"{type(env).__name__}.step returned {len(out)} values; expected 5 (gymnax 0.0.x) or 6 (1.x)")
+    return obs, state, reward, done, {**info, "invalid_action": ~ok}
 
 
 class _FixedHorizonEnv(environment.Environment):

@@ -226,7 +226,9 @@ class AgentGenerator:
         :class:`~jaxweight.preference.loop.PreferenceComparisons` binds its
         learned reward to a generator built with ``None`` (:meth:`with_reward`).
       config: :class:`PPOConfig` (structural PPO settings).
-      hparams: :class:`PPOHParams` or a dict of its fields (continuous PPO settings).
+      hparams: :class:`PPOHParams` or a dict of its fields (continuous PPO settings): the
+        default of :meth:`train`'s ``hparams``; the preference loop's config copies them
+        (``LoopConfig.agent_hparams``), the agent state holds none.
       exploration_frac: fraction of sampled transitions from the exploration
         policy (imitation ``AgentTrainer``; default 0).
       switch_prob: per-step probability of re-drawing the acting policy during
@@ -400,7 +402,6 @@ class AgentGenerator:
         ppo = PPOState(
             params=params,
             opt_state=self.tx.init(params),
-            hparams=self.hparams,
             env_state=env_state,
             obs=obs,
             steps=jnp.asarray(0, jnp.int32),
@@ -445,9 +446,8 @@ class AgentGenerator:
         )
         return env_state, obs, traj, true_r
 
-    def _update(self, ppo: PPOState, key, reward_params) -> PPOState:
+    def _update(self, ppo: PPOState, key, reward_params, hp: PPOHParams) -> PPOState:
         cfg = self.config
-        hp = ppo.hparams
         k_roll, k_perm = jax.random.split(key)
         lr = hp.current_learning_rate(ppo.steps)
         env_state, obs, traj, _ = self.rollout(ppo, k_roll, reward_params)
@@ -484,7 +484,8 @@ class AgentGenerator:
             episodes=ppo.episodes + jnp.sum(traj.done, dtype=jnp.int32),
         )
 
-    def train(self, state: AgentState, key: Any, steps: Any, reward_params: Any = None) -> AgentState:
+    def train(self, state: AgentState, key: Any, steps: Any, reward_params: Any = None, *,
+              hparams: PPOHParams | None = None) -> AgentState:
         """Train PPO for ``ceil(steps / (num_envs * num_steps))`` updates on ``reward_apply``.
 
         Args:
@@ -495,13 +496,19 @@ class AgentGenerator:
             never recompiles), rounded up to whole updates.
           reward_params: params of ``reward_apply``; they ride in the env params,
             so new values never recompile.
+          hparams: :class:`PPOHParams` (array leaves: new values never recompile;
+            default the constructor's). The preference loop passes its config's
+            ``agent_hparams``.
 
         Returns:
           The new :class:`AgentState`.
         """
         key = as_key(key)
+        hp = self.hparams if hparams is None else hparams
+        if not isinstance(hp, PPOHParams):
+            raise ValueError(f"hparams must be a PPOHParams, got {type(hp).__name__}")
         ppo = jax.lax.fori_loop(
-            0, self.updates_for(steps), lambda i, p: self._update(p, jax.random.fold_in(key, i), reward_params),
+            0, self.updates_for(steps), lambda i, p: self._update(p, jax.random.fold_in(key, i), reward_params, hp),
             state.ppo,
         )
         return state.replace(ppo=ppo)
@@ -519,22 +526,30 @@ class AgentGenerator:
         return jax.random.uniform(key, (self.action_dim,), jnp.float32, self._low, self._high)
 
     def _episode(self, params, key, explore, deterministic=False):
-        """One episode of at most ``horizon`` steps without auto-reset: ``(obs, acts, rews, length, terminal)``."""
+        """One episode of at most ``horizon`` steps without auto-reset: ``(obs, acts, rews, length, terminal)``.
+
+        ``explore`` is ``bool[]`` or the Python ``False`` (no exploration code is traced:
+        the same keys, the same episodes, a smaller program).
+        """
         h = self.horizon
         k_reset, k_switch0, k_steps = jax.random.split(key, 3)
         obs0, s0 = self.base_env.reset_env(k_reset, self.env_params)
         obs0 = jnp.asarray(obs0, jnp.float32)
         # ExplorationWrapper: the acting policy is drawn at the start and re-drawn with
         # switch_prob at every step (the chain starts in its stationary law either way)
-        use_random0 = explore & (jax.random.uniform(k_switch0) < self.random_prob)
+        traced = explore is not False
+        use_random0 = (explore & (jax.random.uniform(k_switch0) < self.random_prob)) if traced else jnp.asarray(False)
 
         def step(carry, k):
             s, obs, use_random, alive = carry
             k_sw, k_pick, k_pol, k_rand, k_env = jax.random.split(k, 5)
-            switch = explore & (jax.random.uniform(k_sw) < self.switch_prob)
-            use_random = jnp.where(switch, jax.random.uniform(k_pick) < self.random_prob, use_random)
             a_pol = self._env_action(self._act(params, obs, k_pol, deterministic))
-            a = jnp.where(use_random, self._random_action(k_rand), a_pol)
+            if traced:
+                switch = explore & (jax.random.uniform(k_sw) < self.switch_prob)
+                use_random = jnp.where(switch, jax.random.uniform(k_pick) < self.random_prob, use_random)
+                a = jnp.where(use_random, self._random_action(k_rand), a_pol)
+            else:
+                a = a_pol
             obs2, s2, r, done, _ = self.base_env.step_env(k_env, s, a, self.env_params)
             obs2 = jnp.asarray(obs2, jnp.float32)
             out = (obs2, a, jnp.where(alive, jnp.asarray(r, jnp.float32), 0.0), alive, alive & done)
@@ -585,9 +600,14 @@ class AgentGenerator:
         explore = idx >= agent_eps
         used = idx < agent_eps + expl_eps
         keys = jax.random.split(key, n_eps)
-        obs, acts, rews, lengths, terminal = jax.vmap(self._episode, in_axes=(None, 0, 0))(
-            state.ppo.params, keys, explore
-        )
+        if self.exploration_frac > 0:
+            obs, acts, rews, lengths, terminal = jax.vmap(self._episode, in_axes=(None, 0, 0))(
+                state.ppo.params, keys, explore
+            )
+        else:  # no exploration episode is used: leave its code out of the program
+            obs, acts, rews, lengths, terminal = jax.vmap(lambda p, k: self._episode(p, k, False), in_axes=(None, 0))(
+                state.ppo.params, keys
+            )
         return Trajectories(
             obs=obs,
             acts=acts,
@@ -608,5 +628,5 @@ class AgentGenerator:
         num_episodes = check_static_int(num_episodes, "num_episodes", minimum=1)
         keys = jax.random.split(as_key(key), num_episodes)
         episode = partial(self._episode, deterministic=bool(deterministic))
-        _, _, rews, _, _ = jax.vmap(episode, in_axes=(None, 0, None))(state.ppo.params, keys, jnp.asarray(False))
+        _, _, rews, _, _ = jax.vmap(lambda p, k: episode(p, k, False), in_axes=(None, 0))(state.ppo.params, keys)
         return jnp.sum(rews, axis=-1)

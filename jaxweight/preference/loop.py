@@ -184,6 +184,10 @@ class LoopConfig:
       generator, reward_module: the pure trajectory generator and the reward net (static).
       plan: the :class:`LoopPlan` of the run (static; ``None`` in the driver's settings).
       trainer: the reward trainer's :class:`~jaxweight.preference.TrainerConfig` (array leaves).
+      agent_hparams: the agent's continuous hyperparameters (array leaves, e.g. a
+        :class:`~jaxweight.preference.ppo.PPOHParams`; the generator's ``hparams``
+        by default, ``None`` for generators without), passed to every
+        ``generator.train`` call: the agent state holds none.
       temperature, discount, threshold: the synthetic teacher; alpha: the agent's
         exploration bonus ``mean + alpha * std`` (``f32[]`` leaves).
     """
@@ -206,6 +210,7 @@ class LoopConfig:
     reward_module: Any = _static(None)
     plan: LoopPlan | None = _static(None)
     trainer: TrainerConfig | None = None
+    agent_hparams: Any = None
     temperature: Any = 1.0
     discount: Any = 1.0
     threshold: Any = 50.0
@@ -326,8 +331,9 @@ def config(
     trainer = training.config(reward_module) if trainer is None else trainer
     f32 = lambda v: jnp.asarray(v, jnp.float32)  # noqa: E731
     cfg = LoopConfig(num_iterations=num_iterations, generator=generator, reward_module=reward_module,
-                     trainer=trainer, temperature=f32(temperature), discount=f32(discount),
-                     threshold=f32(threshold), alpha=f32(alpha), **settings)
+                     trainer=trainer, agent_hparams=getattr(generator, "hparams", None),
+                     temperature=f32(temperature), discount=f32(discount), threshold=f32(threshold),
+                     alpha=f32(alpha), **settings)
     return cfg.replace(plan=make_plan(cfg, total_timesteps, total_comparisons))
 
 
@@ -480,7 +486,9 @@ def step(state: LoopState, key: Any, cfg: LoopConfig) -> tuple[LoopState, dict[s
 
     reward, rm = training.epoch(state.reward, k_reward, buffer, cfg.trainer, epochs=epochs)
     shift, scale = _reward_stats(cfg, reward.params, buffer)
-    gen_state = gen.train(state.gen, k_agent, agent_steps, AgentReward(reward.params, cfg.alpha, shift, scale))
+    agent = {} if cfg.agent_hparams is None else {"hparams": cfg.agent_hparams}
+    gen_state = gen.train(state.gen, k_agent, agent_steps, AgentReward(reward.params, cfg.alpha, shift, scale),
+                          **agent)
 
     if cfg.eval_episodes and hasattr(gen, "evaluate"):
         gt_return = jnp.mean(gen.evaluate(gen_state, k_eval, cfg.eval_episodes))

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from .._util import check_rank, check_same_shape, check_value, masked_mean
-from .data import FragmentPairs
+from .data import FragmentPairs, check_preferences, preference_ok
 from .reward_nets import ensemble_apply
 
 Array = jax.Array
@@ -172,18 +172,33 @@ def cross_entropy_loss(
     Returns:
       ``(loss f32[], metrics)`` with ``metrics["accuracy"]`` = mean of
       ``(p > 0.5) == (y > 0.5)`` (strict on both sides, so 0.5 vs 0.5 counts as
-      correct) and, if ``gt_probs`` is given, ``metrics["gt_reward_loss"]``.
+      correct), ``metrics["n_invalid"]`` (i32[]: masked-in pairs left out because
+      their target is NaN or outside [0, 1], or their probability is not finite)
+      and, if ``gt_probs`` is given, ``metrics["gt_reward_loss"]``.
+
+    Raises:
+      ValueError: concrete ``prefs`` that are NaN or outside ``[0, 1]`` (traced ones are
+        left out and counted); wrong ranks or shapes.
 
     Example:
       >>> cross_entropy_loss(jnp.array([.5, .7, .2, .9]), jnp.array([.5, 1., 0., 0.]))
-      (0.8938876, {'accuracy': 0.75})
+      (0.8938876, {'accuracy': 0.75, 'n_invalid': 0})
     """
     check_rank(probs, 1, "probs")
     check_same_shape(probs, prefs, "probs", "prefs")
-    loss = masked_mean(binary_cross_entropy(probs, prefs), mask)
-    correct = ((jnp.asarray(probs) > 0.5) == (jnp.asarray(prefs) > 0.5)).astype(jnp.float32)
-    metrics = {"accuracy": masked_mean(correct, mask)}
+    check_preferences(prefs, "prefs")
+    p, y = jnp.asarray(probs, jnp.float32), jnp.asarray(prefs, jnp.float32)
+    m_in = jnp.ones(p.shape, bool) if mask is None else jnp.broadcast_to(jnp.asarray(mask, bool), p.shape)
+    ok = preference_ok(y) & jnp.isfinite(p)
+    mask = m_in & ok
+    # invalid entries are replaced before any arithmetic: no NaN reaches the loss or its gradient
+    p, y = jnp.where(ok, p, 0.5), jnp.where(ok, y, 0.5)
+    loss = masked_mean(binary_cross_entropy(p, y), mask)
+    correct = ((p > 0.5) == (y > 0.5)).astype(jnp.float32)
+    metrics = {"accuracy": masked_mean(correct, mask), "n_invalid": jnp.sum(m_in & ~ok, dtype=jnp.int32)}
     if gt_probs is not None:
         check_same_shape(probs, gt_probs, "probs", "gt_probs")
-        metrics["gt_reward_loss"] = masked_mean(binary_cross_entropy(gt_probs, prefs), mask)
+        g = jnp.asarray(gt_probs, jnp.float32)
+        metrics["gt_reward_loss"] = masked_mean(binary_cross_entropy(jnp.where(jnp.isfinite(g), g, 0.5), y),
+                                                mask & jnp.isfinite(g))
     return loss, metrics

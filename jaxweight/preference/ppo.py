@@ -23,6 +23,7 @@ References:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import jax
@@ -139,20 +140,32 @@ def orthogonal(scale: float = 1.0) -> Callable[[Array, Sequence[int], Any], Arra
     def init(key, shape, dtype=jnp.float32):
         n_rows, n_cols = int(np.prod(shape[:-1])), int(shape[-1])
         m, n = max(n_rows, n_cols), min(n_rows, n_cols)
-        a = jax.random.normal(key, (m, n), jnp.float32)
-
-        def column(j, q):
-            v = a[:, j]
-            for _ in range(2):  # twice is enough in float32 ("twice is enough", Giraud et al. 2005)
-                v = v - q @ (q.T @ v)
-            return q.at[:, j].set(v / jnp.linalg.norm(v))
-
-        q = jax.lax.fori_loop(0, n, column, jnp.zeros((m, n), jnp.float32))
+        q = _orthonormal(key, m, n)
         if n_rows < n_cols:
             q = q.T
         return (scale * q).reshape(shape).astype(dtype)
 
     return init
+
+
+@partial(jax.jit, static_argnums=(1, 2))
+def _orthonormal(key: Array, m: int, n: int) -> Array:
+    """``f32[m, n]`` (``m >= n``): Gram-Schmidt ``Q`` of a Gaussian matrix.
+
+    Jitted so that it is traced once per shape: flax traces every initializer again
+    (``jax.eval_shape``) at each ``apply`` to check the parameter shapes, and a
+    loop traced afresh each time slows down the tracing of every program that
+    applies the network.
+    """
+    a = jax.random.normal(key, (m, n), jnp.float32)
+
+    def column(j, q):
+        v = a[:, j]
+        for _ in range(2):  # twice is enough in float32 ("twice is enough", Giraud et al. 2005)
+            v = v - q @ (q.T @ v)
+        return q.at[:, j].set(v / jnp.linalg.norm(v))
+
+    return jax.lax.fori_loop(0, n, column, jnp.zeros((m, n), jnp.float32))
 
 
 class ActorCritic(nn.Module):
@@ -208,12 +221,14 @@ def _log_prob_entropy(out, log_std, a, discrete):
 
 @struct.dataclass
 class PPOState:
-    """PPO train state (every leaf an array with an explicit dtype).
+    """PPO train state (every leaf an array with an explicit dtype; what changes, no settings).
+
+    The hyperparameters (:class:`PPOHParams`) come with every ``train`` call
+    (the loop's config holds them).
 
     Attributes:
       params: actor-critic parameters.
       opt_state: optax state (gradient clipping + Adam moments).
-      hparams: :class:`PPOHParams`.
       env_state: batched env state ``[E]`` of the training environments.
       obs: ``f32[E, D]`` current observations of the training environments.
       steps: ``i32[]`` environment steps trained so far.
@@ -222,7 +237,6 @@ class PPOState:
 
     params: Any
     opt_state: Any
-    hparams: PPOHParams
     env_state: Any
     obs: Array
     steps: Array

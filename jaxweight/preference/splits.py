@@ -31,8 +31,7 @@ from flax import struct
 
 from .._util import as_key
 from .buffer import PreferenceBuffer
-from .buffer import mask as buffer_mask
-from .data import FragmentPairs
+from .data import FragmentPairs, preference_ok
 from .reward_nets import valid_inputs
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,9 +68,8 @@ class TrainData:
 
 def _pair_ok(config: TrainerConfig, pairs: FragmentPairs, prefs: Array) -> Array:
     """``bool[..., P]``: pairs training can use (finite in-range inputs, preference in [0, 1])."""
-    prefs = jnp.asarray(prefs, jnp.float32)
-    ok = jnp.isfinite(prefs) & (prefs >= 0.0) & (prefs <= 1.0)
-    lead = prefs.ndim
+    ok = preference_ok(prefs)
+    lead = ok.ndim
     return ok & valid_inputs(config.module, pairs.obs, pairs.acts, lead)
 
 
@@ -89,7 +87,8 @@ def _val_table(config: TrainerConfig, capacity: int) -> np.ndarray:
 
 def _usable(config: TrainerConfig, buffer: PreferenceBuffer) -> tuple[Array, Array]:
     """``(bool[capacity] slots to train on, i32[] filled valid slots left out for bad data)``."""
-    filled = buffer_mask(buffer)
+    # filled slots with a valid pair; a bad preference is left out here (and counted)
+    filled = (jnp.arange(buffer.capacity) < buffer.size) & buffer.pairs.valid
     ok = _pair_ok(config, buffer.pairs, buffer.prefs)
     return filled & ok, jnp.sum(filled & ~ok, dtype=jnp.int32)
 
@@ -97,7 +96,7 @@ def _usable(config: TrainerConfig, buffer: PreferenceBuffer) -> tuple[Array, Arr
 def prepare(key: Any, buffer: PreferenceBuffer, config: TrainerConfig) -> TrainData:
     """Bootstrap resamples (ensembles) and the validation split of one training call (jittable).
 
-    The valid stored pairs (``buffer_mask`` minus pairs with bad data) are the
+    The valid stored pairs (filled, flagged valid, minus pairs with bad data) are the
     ``N`` training items. For an ensemble with ``bagging`` each member draws
     ``N`` of them with replacement; with a lambda updater each member's items
     are then split at random into ``N - int(N * val_split)`` training and

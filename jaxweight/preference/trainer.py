@@ -26,7 +26,6 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .._util import as_key, progress_bar
@@ -124,11 +123,24 @@ class RewardTrainer:
         return training.num_epochs(self.config.epochs, epoch_multiplier)
 
     def check_data(self, buffer: PreferenceBuffer) -> None:
-        """Host check of the validation split (imitation's error) for a concrete buffer."""
+        """Host checks of a concrete buffer: something to train on, and the validation split (imitation's error).
+
+        Raises:
+          ValueError: no stored pair is usable (an empty buffer, or every pair left out
+            for bad data); the validation split leaves a side empty.
+        """
         cfg = self.config
+        usable, n_bad = jax.device_get(splits._usable(cfg, buffer))
+        n = int(np.sum(usable))
+        if n == 0:
+            size = int(np.max(np.asarray(jax.device_get(buffer.size))))
+            why = ("the buffer is empty" if size == 0 else
+                   f"all {size} stored pairs are invalid ({int(np.max(n_bad))} with NaN / inf or out-of-range "
+                   "data or preferences, the rest flagged invalid)")
+            raise ValueError(f"cannot train the reward model: {why}; push comparisons with valid data "
+                             "first (buffer.step)")
         if not cfg.has_updater:
             return
-        n = int(jax.device_get(jnp.sum(splits._usable(cfg, buffer)[0])))
         val = int(n * cfg.val_split)
         if val < 1 or n - val < 1:
             raise ValueError(
@@ -149,7 +161,8 @@ class RewardTrainer:
           ``(state, metrics)`` with imitation's metric names (see :func:`epoch_metrics_dict`).
 
         Raises:
-          ValueError: "Must train for at least one epoch."; the validation-split error.
+          ValueError: "Must train for at least one epoch."; a buffer without a usable pair
+            (empty, or every pair invalid: nothing is trained); the validation-split error.
         """
         n = self.num_epochs(epoch_multiplier)
         self.check_data(buffer)

@@ -555,6 +555,9 @@ def _one_epoch(
     return state.replace(params=params, opt_state=opt_state, reg_lambda=lam, steps=steps), metrics
 
 
+_one_epoch_jit = jax.jit(_one_epoch, static_argnums=(5,))
+
+
 def _validation(config, params, key, buffer, data):
     """Validation losses after an epoch: minibatches of ``minibatch_size`` over the shuffled split."""
     cap = buffer.capacity
@@ -646,11 +649,12 @@ def epoch(
     _check_traced(cfg)
     k_prep, k_epochs = jax.random.split(as_key(key))
     data = prepare(k_prep, buffer, cfg)
-    shapes = jax.eval_shape(lambda: _one_epoch(state, k_epochs, buffer, data, cfg, axis_name)[1])
+    # _one_epoch is jitted so the shapes' trace is reused by the loop body (traced once, not twice)
+    shapes = jax.eval_shape(lambda: _one_epoch_jit(state, k_epochs, buffer, data, cfg, axis_name)[1])
     zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
 
     def body(e, carry):
-        return _one_epoch(carry[0], jax.random.fold_in(k_epochs, e), buffer, data, cfg, axis_name)
+        return _one_epoch_jit(carry[0], jax.random.fold_in(k_epochs, e), buffer, data, cfg, axis_name)
 
     first = jnp.asarray(start, jnp.int32)
     return jax.lax.fori_loop(first, first + jnp.asarray(epochs, jnp.int32), body, (state, zeros))

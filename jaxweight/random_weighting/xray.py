@@ -84,6 +84,17 @@ class ComponentWeightingConfig:
     xray: XrayScaleConfig
     resample_each_step: bool = struct.field(pytree_node=False, default=True)
 
+    def __post_init__(self):
+        # the checks of component_config, also when built directly (None / ints: vmap axis specs)
+        for name, kind, build in (("random", RandomWeightingConfig, "config()"),
+                                  ("xray", XrayScaleConfig, "xray_scale_config()")):
+            v = getattr(self, name)
+            if not isinstance(v, kind | int | type(None)):
+                article = "an" if kind.__name__[0] in "AEIOUX" else "a"
+                raise ValueError(f"{name} must be {article} {kind.__name__} (from {build}), got {type(v).__name__}")
+        if not isinstance(self.resample_each_step, bool):
+            raise ValueError(f"resample_each_step must be a static bool, got {type(self.resample_each_step).__name__}")
+
 
 @struct.dataclass
 class ComponentWeightingState:
@@ -131,9 +142,9 @@ def xray_scale_config(target_scale: Any = 50.0, min_weight: Any = 0.01, max_weig
     return XrayScaleConfig(*leaves)
 
 
-def _check_xray_config(cfg: Any) -> None:
+def _check_xray_config(cfg: Any, name: str = "cfg") -> None:
     if not isinstance(cfg, XrayScaleConfig):
-        raise ValueError(f"cfg must be an XrayScaleConfig (from xray_scale_config()), got {type(cfg).__name__}")
+        raise ValueError(f"{name} must be an XrayScaleConfig (from xray_scale_config()), got {type(cfg).__name__}")
 
 
 def xray_scale_init(cfg: XrayScaleConfig, initial_loss: Any = None) -> XrayScaleState:
@@ -216,7 +227,7 @@ def component_config(random: RandomWeightingConfig | None = None, xray: XrayScal
     random = config() if random is None else random
     xray = xray_scale_config() if xray is None else xray
     check_config(random, "random")
-    _check_xray_config(xray)
+    _check_xray_config(xray, "xray")
     if not isinstance(resample_each_step, bool):
         raise ValueError(f"resample_each_step must be a static bool, got {type(resample_each_step).__name__}")
     return ComponentWeightingConfig(random, xray, resample_each_step)

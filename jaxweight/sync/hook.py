@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from .. import _util
-from .core import SyncState, _check_state, _host_counters, _host_state, _placement, config, metrics_dict, step
+from .core import SyncState, _actor_update, _check_state, _count, _host_counters, _host_state, _placement, config, metrics_dict
 from .core import staleness as _staleness
 from .paths import UpdateMap
 from .placement import Placement
@@ -21,9 +21,10 @@ __all__ = ["WeightSync", "broadcast_weight_sync"]
 class WeightSync:
     """Host hook for Python training loops (torchrl ``UpdateWeights``).
 
-    Holds a :class:`~jaxweight.sync.SyncConfig` and a host
-    :class:`~jaxweight.sync.SyncState` and calls :func:`~jaxweight.sync.step`
-    (the one implementation) once per call. Call it once per collected batch
+    Holds a :class:`~jaxweight.sync.SyncConfig` and the counters of a
+    :class:`~jaxweight.sync.SyncState` as host ints, and applies the counting
+    and copying rules of :func:`~jaxweight.sync.step` (the same functions) once
+    per call, without building a state object on the hot path. Call it once per collected batch
     (torchrl's ``post_steps``), including batches on which optimisation was
     skipped during warm-up; to count optimiser steps instead, call it after
     each optimiser step.
@@ -70,7 +71,8 @@ class WeightSync:
         self.config = config(interval, placement, update_map, copy_on_same_device=copy_on_same_device,
                              donate=donate, transport=transport)
         self.fired = False
-        self._state = _host_state(0, 0, 0)
+        self._counts = (0, 0, 0)
+        self._interval, self._placement = int(self.config.interval), _placement(self.config)
 
     # -- settings, read-only views of the config
     @property
@@ -100,42 +102,44 @@ class WeightSync:
     # -- state
     @property
     def state(self) -> SyncState:
-        return self._state
+        return _host_state(*self._counts)
 
     @state.setter
     def state(self, value: SyncState) -> None:
         _check_state(value)
-        self._state = _host_state(*_host_counters(value))
+        self._counts = _host_counters(value)
 
     @property
     def counter(self) -> int:
-        return int(self._state.counter)
+        return self._counts[0]
 
     @property
     def version(self) -> int:
-        return int(self._state.version)
+        return self._counts[1]
 
     @property
     def staleness(self) -> int:
         """Calls since the actor's weights were last synced (:func:`jaxweight.sync.staleness`)."""
-        return int(_staleness(self._state))
+        return int(_staleness(self.state))
 
     # -- the hook
     def __call__(self, learner_params: Any, actor_params: Any) -> Any:
         """Count one batch; return the actor params (synced if this call fires)."""
-        state, new_actor, fired = step(self._state, learner_params, actor_params, self.config)
-        self._state, self.fired = state, bool(fired)  # only once the actor update went through
+        c, v, s, fired = _count(*self._counts, self._interval)
+        new_actor = _actor_update(learner_params, actor_params, self.config, self._placement, fired,
+                                  counters_traced=False)
+        self._counts, self.fired = (c, v, s), fired  # only once the actor update went through
         return new_actor
 
     # -- logging and checkpoints
     def metrics(self) -> dict[str, float]:
         """:func:`jaxweight.sync.metrics_dict` plus ``"sync/last_sync"`` and ``"sync/fired"``."""
-        return {**metrics_dict(self._state), "sync/last_sync": float(self._state.last_sync),
+        return {**metrics_dict(self.state), "sync/last_sync": float(self._counts[2]),
                 "sync/fired": float(self.fired)}
 
     def state_dict(self) -> dict[str, int]:
         """``{"counter": int, "version": int, "last_sync": int}`` (plain JSON)."""
-        c, v, s = _host_counters(self._state)
+        c, v, s = self._counts
         return {"counter": c, "version": v, "last_sync": s}
 
     def load_state_dict(self, d: Mapping[str, Any]) -> None:
@@ -150,11 +154,11 @@ class WeightSync:
             is not a non-negative int, ``last_sync > counter``); a missing
             ``"counter"`` is also a ``KeyError``.
         """
-        self._state = _host_state(*_check_load(d))
+        self._counts = _check_load(d)
         self.fired = False
 
     def __repr__(self) -> str:
-        c, v, s = _host_counters(self._state)
+        c, v, s = self._counts
         return f"WeightSync(interval={self.interval}, counter={c}, version={v}, last_sync={s})"
 
 

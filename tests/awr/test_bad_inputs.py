@@ -150,3 +150,41 @@ def test_fit_counts_invalid_rows_and_stays_finite():
     assert int(m["n_invalid"]) == 3 and float(m["num_valid"]) == 28.0
     assert np.all(np.isfinite(np.asarray(m["loss"])))
     assert all(np.all(np.isfinite(np.asarray(v))) for v in jax.tree.leaves(params.variables))
+
+
+@pytest.mark.parametrize("huge", [1e30, -1e30, 3e38, -3e38])
+@pytest.mark.parametrize("where", ["features", "log_weights"])
+def test_step_with_huge_finite_inputs_keeps_the_policy_finite(huge, where):
+    rng = np.random.RandomState(1)
+    x = rng.normal(size=(8, 3)).astype(np.float32)
+    a = rng.normal(size=(8, 2)).astype(np.float32)
+    adv = rng.normal(size=8).astype(np.float32)
+    cfg = awr.config(2, hidden_sizes=(4,))
+    state = awr.init(cfg, 0, x)
+    if where == "features":
+        x[2, 1] = huge
+    else:
+        a[2, 0] = huge
+    new, out = jax.jit(awr.step)(state, x, a, adv, cfg)
+    assert np.isfinite(float(out["loss"])) and int(out["n_invalid"]) == 0
+    assert all(np.all(np.isfinite(np.asarray(v))) for v in jax.tree.leaves((new.policy, new.opt_state)))
+    # the saturated log-density: finite, below that of any nearer point, and with a finite gradient
+    lp = awr.gaussian_log_prob(jnp.asarray([[huge]]), jnp.zeros((1, 1)), jnp.zeros((1, 1)))
+    near = awr.gaussian_log_prob(jnp.asarray([[1e3]]), jnp.zeros((1, 1)), jnp.zeros((1, 1)))
+    assert np.isfinite(float(lp[0])) and float(lp[0]) < float(near[0])
+    g = jax.grad(lambda m: awr.gaussian_log_prob(jnp.asarray([[huge]]), m, jnp.zeros((1, 1)))[0])(jnp.zeros((1, 1)))
+    assert np.all(np.isfinite(np.asarray(g)))
+
+
+def test_step_on_an_empty_or_all_invalid_batch_leaves_the_policy_unchanged():
+    rng = np.random.RandomState(2)
+    x = rng.normal(size=(8, 3)).astype(np.float32)
+    cfg = awr.config(2, hidden_sizes=(4,))
+    state = awr.init(cfg, 0, x)
+    same = lambda a, b: all(np.array_equal(np.asarray(u), np.asarray(v))  # noqa: E731
+                            for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    new, out = awr.step(state, np.zeros((0, 3), np.float32), np.zeros((0, 2), np.float32), np.zeros((0,), np.float32),
+                        cfg)
+    assert same(new.policy, state.policy) and int(out["n_invalid"]) == 0 and np.isfinite(float(out["loss"]))
+    new, out = awr.step(state, x, np.full((8, 2), NAN, np.float32), np.ones(8, np.float32), cfg)
+    assert same(new.policy, state.policy) and same(new.opt_state, state.opt_state) and int(out["n_invalid"]) == 8

@@ -279,6 +279,27 @@ def test_policy_loss_matches_its_definition_on_tunix_model():
                               pad_id=0, eos_id=2)
 
 
+@pytest.mark.parametrize("agg", ["token-mean", "sequence-mean-token-mean"])
+def test_policy_loss_k3_kl_term_equals_tunix_low_var_kl(agg):
+    # the "low_var_kl" KL term goes through jaxweight.maxent.policy_loss: same value as tunix's
+    from tunix.rl import common
+    from tunix.rl.grpo import grpo_learner as gl
+
+    from jaxweight.interop.tunix import loss as jl
+
+    rng = np.random.default_rng(1)
+    lp = jnp.asarray(np.log(rng.uniform(0.1, 0.9, (6, 5))), jnp.float32)
+    ref = jnp.asarray(lp + rng.normal(0, 0.3, (6, 5)), jnp.float32)
+    mask = jnp.asarray(np.arange(5)[None, :] < np.array([5, 3, 4, 5, 2, 1])[:, None], jnp.float32)
+    cfg = gl.GRPOConfig(num_generations=3, beta=0.1, kl_loss_mode="low_var_kl", loss_agg_mode=agg)
+    want = common.aggregate_loss(common.compute_kl_divergence(lp, ref, "low_var_kl"), mask, agg)
+    np.testing.assert_allclose(float(jl._kl_term(common, lp, ref, mask, cfg)), float(want), rtol=1e-5)
+    g_ours = jax.grad(lambda x: jl._kl_term(common, x, ref, mask, cfg))(lp)
+    g_tunix = jax.grad(lambda x: common.aggregate_loss(common.compute_kl_divergence(x, ref, "low_var_kl"),
+                                                       mask, agg))(lp)
+    np.testing.assert_allclose(np.asarray(g_ours), np.asarray(g_tunix), rtol=1e-5, atol=1e-7)
+
+
 def test_learner_jaxweight_grpo_gives_tunix_grpo_advantages_with_the_curriculum_iterator():
     """One tunix run: "jaxweight_grpo" advantages equal tunix's "grpo"; train batches drawn and
     updated by the curriculum iterator, eval batches leave it alone."""

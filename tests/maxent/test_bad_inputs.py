@@ -5,6 +5,8 @@ message (the same eagerly and under ``jaxweight.checked(jax.jit(...))``), or
 finite outputs, the invalid-count metric and an unchanged controller state.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -82,12 +84,17 @@ HYPER = [
     ("adv_eps_nan", lambda v: M.group_advantages(jnp.ones((2, 3)), eps=v), NAN, "eps must be finite and >= 0.0"),
     ("seed_alpha_nan", lambda v: M.seed_grpo_scale(jnp.ones(2), v, 4), NAN, "alpha must be finite and >= 0.0"),
     # weight_matrix: a leaf function, so traced tau / beta / denom are checked too (tau <= 0 stays spec'd)
-    ("wm_tau_nan", lambda v: M.weight_matrix(Q, REF, tau=v, beta=0.1), NAN, "tau must be finite, got nan"),
-    ("wm_tau_inf", lambda v: M.weight_matrix(Q, REF, tau=v, beta=0.1), INF, "tau must be finite, got inf"),
-    ("wm_beta_nan", lambda v: M.weight_matrix(Q, REF, tau=0.5, beta=v), NAN, "beta must be finite, got nan"),
-    ("wm_beta_-inf", lambda v: M.weight_matrix(Q, REF, tau=0.5, beta=v), -INF, "beta must be finite, got -inf"),
+    ("wm_tau_nan", lambda v: M.weight_matrix(Q, REF, tau=v, beta=0.1), NAN, "tau must be finite and >= 0.0, got nan"),
+    ("wm_tau_inf", lambda v: M.weight_matrix(Q, REF, tau=v, beta=0.1), INF, "tau must be finite and >= 0.0, got inf"),
+    ("wm_beta_nan", lambda v: M.weight_matrix(Q, REF, tau=0.5, beta=v), NAN, "beta must be finite and >= 0.0, got nan"),
+    ("wm_beta_-inf", lambda v: M.weight_matrix(Q, REF, tau=0.5, beta=v), -INF, "beta must be finite and >= 0.0, got -inf"),
     ("wm_denom_nan", lambda v: M.weight_matrix(Q, REF, tau=0.5, beta=0.1, denom=v), NAN,
-     "denom must be finite, got nan"),
+     "denom must be finite and >= 0.0, got nan"),
+    ("wm_tau_neg", lambda v: M.weight_matrix(Q, REF, tau=v, beta=0.1), -1.0, "tau must be finite and >= 0.0, got -1.0"),
+    ("wm_beta_neg", lambda v: M.weight_matrix(Q, REF, tau=0.5, beta=v), -0.5,
+     "beta must be finite and >= 0.0, got -0.5"),
+    ("wm_denom_neg", lambda v: M.weight_matrix(Q, REF, tau=0.5, beta=0.1, denom=v), -2.0,
+     "denom must be finite and >= 0.0, got -2.0"),
     ("seed_G_nan", lambda v: M.seed_grpo_scale(jnp.ones(2), 0.1, v), NAN, "num_generations must be finite, got nan"),
     ("seed_G_inf", lambda v: M.seed_grpo_scale(jnp.ones(2), 0.1, v), INF, "num_generations must be finite, got inf"),
     ("meta_kl_target_nan", lambda v: M.analytic_meta_grads(1.0, 0.8, 0.1, v)[1], NAN,
@@ -119,7 +126,13 @@ def test_bad_hyperparameter_same_message(name, fn, value, fragment, mode):
     (lambda: dict(kl=M.KLController(0.1, 0, 0.2)), "kl horizon"),
     (lambda: dict(meta=M.MetaController(tau_min=1.0, tau_max=0.5)), "meta tau_min must be <= meta tau_max"),
     (lambda: dict(meta=M.MetaController(update_interval=0)), "meta update_interval must be >= 1"),
-], ids=["tau", "beta", "q_epsilon", "eps", "scale", "bounds", "lr", "kl_horizon", "meta_bounds", "interval"])
+    (lambda: dict(schedule=M.TauSchedule(target_entropy=-1)), "target_entropy must be finite and >= 0.0, got -1.0"),
+    (lambda: dict(schedule=M.TauSchedule(target_entropy_start=-0.5)), "target_entropy_start must be finite and >= 0.0"),
+    (lambda: dict(schedule=M.TauSchedule(target_entropy_final=-2.0)), "target_entropy_final must be finite and >= 0.0"),
+    (lambda: dict(kl=M.KLController(target=-1)), "kl target must be finite and >= 0.0, got -1"),
+    (lambda: dict(meta=M.MetaController(learning_rate=NAN)), "meta learning_rate must be finite and >= 0.0, got nan"),
+], ids=["tau", "beta", "q_epsilon", "eps", "scale", "bounds", "lr", "kl_horizon", "meta_bounds", "interval",
+        "target_negative", "target_start_negative", "target_final_negative", "kl_target_negative", "meta_lr_nan"])
 def test_config_refuses(kw, fragment):
     """Refused by ``config`` and by the settings classes' constructors alike."""
     with pytest.raises(ValueError, match=fragment):
@@ -140,15 +153,27 @@ def test_step_checks_concrete_hyperparameters():
 
 
 @pytest.mark.parametrize("mode", ["eager", "checked_jit"])
-@pytest.mark.parametrize("kw", [dict(tau=-1.0), dict(tau=0.0), dict(tau=0.5, denom=-2.0)],
-                         ids=["tau-1", "tau0", "denom-2"])
+@pytest.mark.parametrize("kw", [dict(tau=0.0), dict(tau=0.5, denom=0.0)], ids=["tau0", "denom0"])
 def test_weight_matrix_spec_fallbacks_still_accepted(mode, kw):
-    """maxent_grpo's ``d = tau if tau > 0 else 1e-8`` (and ``denom <= 0 -> tau``) is the spec: not an error."""
+    """maxent_grpo's ``d = tau if tau > 0 else 1e-8`` (and ``denom <= 0 -> tau``) at 0 is the spec: not an error."""
     def f(v):
         return M.weight_matrix(Q, REF, beta=0.1, **{**kw, "tau": v})
 
     w = f(kw["tau"]) if mode == "eager" else jaxweight.checked(jax.jit(f))(jnp.float32(kw["tau"]))
     np.testing.assert_allclose(np.asarray(w).sum(1), 1.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["eager", "checked_jit"])
+@pytest.mark.parametrize("kw,frag", [(dict(tau=-1.0), "tau must be finite and >= 0.0"),
+                                     (dict(tau=0.5, denom=-2.0), "denom must be finite and >= 0.0")],
+                         ids=["tau-1", "denom-2"])
+def test_weight_matrix_refuses_negative_settings_like_config(mode, kw, frag):
+    """Negative tau / denom are outside ``maxent.config``'s range, so ``weight_matrix`` refuses them too."""
+    def f(v):
+        return M.weight_matrix(Q, REF, beta=0.1, **{**kw, "tau": v})
+
+    with pytest.raises(ValueError, match=frag):
+        f(kw["tau"]) if mode == "eager" else jaxweight.checked(jax.jit(f))(jnp.float32(kw["tau"]))
 
 
 @pytest.mark.parametrize("value,frag", [(NAN, "max_completion_len must be finite, got nan"),
@@ -269,3 +294,35 @@ SHAPES = [
 def test_wrong_shapes(name, fn, fragment):
     with pytest.raises(ValueError, match=fragment):
         fn()
+
+
+@pytest.mark.parametrize("args,msg", [
+    ((["stop", "stop"], [1, 2, 3], 10), "token_counts has 3 entries but finish_reasons has 2"),
+    ((["stop", "stop", "length"], [1, 2], 10), "token_counts has 2 entries but finish_reasons has 3"),
+    ((["stop", "stop"], [1, 2], 10, [True]), "explicit has 1 entries but finish_reasons has 2"),
+    ((["stop", "stop"], [1, 2], 10, [True, None, False]), "explicit has 3 entries but finish_reasons has 2"),
+    (([["stop", "length"], ["stop", "stop"]], [[1, 2], [3]], 10), "token_counts[1] has 1 entries but finish_reasons[1] has 2"),
+    (([["stop"], ["stop"]], [[1]], 10), "token_counts has 1 rows but finish_reasons has 2"),
+    (([["stop"], ["stop"]], [[1], [2]], 10, [[None], [True], [False]]), "explicit has 3 rows but finish_reasons has 2"),
+    ((["stop"], 5, 10), "token_counts must be a sequence like finish_reasons, got int"),
+], ids=["flat_long", "flat_short", "explicit_short", "explicit_long", "row_short", "rows_short", "explicit_rows",
+        "not_a_sequence"])
+def test_truncation_flags_ragged_inputs_name_the_argument_and_both_lengths(args, msg):
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        M.truncation_flags(*args)
+
+
+def test_truncation_flags_matching_ragged_rows_still_work():
+    out = M.truncation_flags([["stop", "length"], ["stop"]], [[1, 2], [30]], 10, [[None, None], [False]])
+    np.testing.assert_array_equal(out, [[False, True], [True, False]])
+
+
+@pytest.mark.parametrize("value", [1e30, 3e38])
+def test_huge_token_counts_give_finite_weights_that_sum_to_one(value):
+    tok = jnp.ones((2, 4)).at[0, 1].set(value)
+    w = M.weight_matrix(jnp.full((2, 4), 0.25), -jnp.ones((2, 4)), tok, tau=0.5, beta=0.1)
+    assert np.all(np.isfinite(np.asarray(w)))
+    np.testing.assert_allclose(np.asarray(w).sum(1), 1.0, rtol=1e-6)
+    assert float(w[0, 1]) == pytest.approx(1.0, rel=1e-6)  # the huge count takes (nearly) all the mass
+    ess = M.effective_sample_size(jnp.full((1, 3), value))
+    np.testing.assert_allclose(np.asarray(ess), [3.0], rtol=1e-6)

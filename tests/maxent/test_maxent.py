@@ -168,8 +168,8 @@ def test_tiny_temperature_and_tau_zero():
     np.testing.assert_array_equal(M.q_distribution(u, temperature=0.0, epsilon=0.0), [[0.0, 0.5, 0.0, 0.5]])
     w = M.weight_matrix(jnp.array([[0.2, 0.5, 0.3]]), jnp.zeros((1, 3)), tau=0.0, beta=0.0)
     np.testing.assert_allclose(w, [[0.0, 1.0, 0.0]], atol=1e-7)
-    w = M.weight_matrix(jnp.array([[0.2, 0.5, 0.3]]), jnp.zeros((1, 3)), tau=-1.0, beta=0.0, denom=-2.0)
-    np.testing.assert_allclose(w, [[0.0, 1.0, 0.0]], atol=1e-7)
+    with pytest.raises(ValueError, match=r"tau must be finite and >= 0.0, got -1.0"):  # maxent.config's range
+        M.weight_matrix(jnp.array([[0.2, 0.5, 0.3]]), jnp.zeros((1, 3)), tau=-1.0, beta=0.0, denom=-2.0)
 
 
 def test_large_magnitudes_no_overflow():
@@ -301,7 +301,8 @@ def test_weight_matrix_rules():
     q = np.array([[0.1, 0.6, 0.3]])
     ref = np.array([[-0.2, -3.0, -1.0]])
     tok = np.array([[3.0, 1.0, 0.0]])
-    for tau, beta, denom in [(0.5, 0.2, None), (0.5, 0.2, 0.8), (0.5, 0.2, -1.0), (0.5, -0.3, None),
+    # (negative tau / beta / denom are refused like maxent.config's; 0 takes the spec's fallbacks)
+    for tau, beta, denom in [(0.5, 0.2, None), (0.5, 0.2, 0.8), (0.5, 0.2, 0.0), (0.5, 0.0, None),
                              (0.0, 0.2, None), (2.0, 1.0, 3.0)]:
         w = M.weight_matrix(q, ref, tok, tau=tau, beta=beta, denom=denom)
         np.testing.assert_allclose(w[0], ref_weights(q[0], ref[0], tok[0], tau, beta, denom), rtol=2e-6,

@@ -344,3 +344,34 @@ def test_cli_resume_of_a_damaged_checkpoint_exits_2_with_one_line(tmp_path, caps
     assert demo.main(["--quick", "--resume", "--out", str(tmp_path), "--no-progress"]) == 2
     cap = capsys.readouterr()
     assert cap.err.count("\n") == 1 and str(ck / dr.CHECKPOINT_NAME) in cap.err and "Traceback" not in cap.err
+
+
+ENV_CHANGES = [
+    (lambda env, p: AgentGenerator(env, p.replace(gravity=10.0)), ["generator/env_params"]),
+    (lambda env, p: AgentGenerator(*make_env("cartpole", horizon=25)), ["generator/env", "generator/horizon"]),
+    (lambda env, p: AgentGenerator(*make_env("pendulum", horizon=20)), ["generator/env", "generator/env_params"]),
+    (lambda env, p: AgentGenerator(env, p, exploration_frac=0.5), ["generator/exploration_frac"]),
+    (lambda env, p: AgentGenerator(env, p, hparams=PPOHParams.create(learning_rate=1e-4)),
+     ["generator/ppo/learning_rate"]),
+]
+
+
+@pytest.mark.parametrize("change,fields", ENV_CHANGES, ids=[",".join(c[1]) for c in ENV_CHANGES])
+def test_resume_fingerprint_covers_every_environment_and_agent_setting(change, fields):
+    """The environment (its name, parameters and horizon) and the agent's settings change results: a
+    checkpoint of one refuses a resume with another, listing the fields."""
+    env, params = make_env("cartpole", horizon=20)
+
+    def pc(gen, **kw):
+        net = reward_net(gen.base_env, hidden_sizes=(4,))
+        return dr.PreferenceComparisons(gen, net, 1, fragment_length=5, initial_epoch_multiplier=1.0,
+                                        reward_trainer=pf.RewardTrainer(net, num_members=2), **kw)
+
+    old = pc(AgentGenerator(env, params))
+    plan = old.plan(200, 20)
+    diff = [d.split(" (")[0] for d in dr._fingerprint_diff(old.fingerprint(plan), pc(change(env, params)).fingerprint(plan))]
+    assert set(fields) <= set(diff), diff
+    # the teacher's settings too (temperature, discount, threshold, sampling)
+    same = pc(AgentGenerator(env, params), temperature=0.5, sample=False)
+    diff = [d.split(" (")[0] for d in dr._fingerprint_diff(old.fingerprint(plan), same.fingerprint(plan))]
+    assert diff == ["loop/sample", "loop/temperature"]

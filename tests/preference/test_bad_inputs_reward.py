@@ -40,7 +40,9 @@ BCFG = pf.buffer.config(16)
 
 
 def _buffer(pairs=PAIRS, prefs=PREFS):
-    return pf.buffer.step(pf.buffer.init(BCFG, None, PAIRS), pairs, prefs, BCFG)
+    """A buffer holding ``pairs`` as a jitted push stores them: traced preferences are not checked, so a
+    bad one is stored (and left out by training); an eager push refuses it."""
+    return jax.jit(pf.buffer.step)(pf.buffer.init(BCFG, None, PAIRS), pairs, jnp.asarray(prefs), BCFG)
 
 
 def _push(buf, pairs, prefs, count=None):
@@ -479,3 +481,57 @@ def test_valid_inputs_marks_bad_items():
     pairs, _ = _corrupt("action_out_of_range")
     ok = rn.valid_inputs(NET, pairs.obs, pairs.acts)
     np.testing.assert_array_equal(np.flatnonzero(~np.asarray(ok)), [5])
+
+
+# ------------------------------------------------------- preferences, empty buffers, actions
+@pytest.mark.parametrize("value", [1.5, -0.5, float("nan"), float("inf")])
+def test_concrete_bad_preferences_are_refused_and_traced_ones_masked(value):
+    prefs = PREFS.at[3].set(value)
+    with pytest.raises(ValueError, match=re.escape("prefs must be probabilities in [0.0, 1.0] (finite), got prefs[3]=")):
+        pf.buffer.step(pf.buffer.init(BCFG, None, PAIRS), PAIRS, prefs, BCFG)
+    # only the pushed ones are checked: a bad preference past ``count`` is not stored
+    pf.buffer.step(pf.buffer.init(BCFG, None, PAIRS), PAIRS, prefs, BCFG, count=3)
+    buf = _buffer(PAIRS, prefs)  # traced: stored, then left out and counted
+    assert not bool(pf.buffer.mask(buf)[3]) and int(jnp.sum(pf.buffer.mask(buf))) == 11
+    assert pf.buffer.metrics_dict(buf, BCFG)["buffer/valid"] == 11.0
+    state, m = _train_jit(STATE, jax.random.key(1), buf)
+    assert int(m["n_invalid"]) == 1 and _all_finite(state.params)
+
+
+def test_training_on_an_empty_buffer_refuses_on_the_host_and_changes_nothing_in_the_pure_epoch():
+    empty = pf.buffer.init(BCFG, None, PAIRS)
+    with pytest.raises(ValueError, match="cannot train the reward model: the buffer is empty"):
+        TRAINER.train(STATE, 0, empty)
+    state, m = _train_jit(STATE, jax.random.key(1), empty)
+    assert _leaves_equal(state, STATE) and int(m["n_invalid"]) == 0
+    all_bad = _buffer(PAIRS.replace(obs=jnp.full_like(PAIRS.obs, jnp.nan)), PREFS)
+    with pytest.raises(ValueError, match="all 12 stored pairs are invalid"):
+        TRAINER.train(STATE, 0, all_bad)
+
+
+def test_env_step_refuses_a_concrete_action_out_of_range_and_contains_a_traced_one():
+    pytest.importorskip("gymnax")
+    from jaxweight.preference.envs import env_step, make_env
+
+    env, params = make_env("cartpole", horizon=5)
+    obs, state = env.reset(jax.random.key(0), params)
+    for bad in (7, -1, 0.5):
+        with pytest.raises(ValueError, match=re.escape("action must be an integer in [0, 1] for the action space "
+                                                       "Discrete of FixedHorizonCartPole-5, got")):
+            env_step(env, jax.random.key(1), state, bad, params)
+    run = jax.jit(lambda s, a: env_step(env, jax.random.key(1), s, a, params))
+    o, s, r, d, info = run(state, jnp.int32(7))
+    assert _leaves_equal(s, state) and np.array_equal(o, obs) and float(r) == 0.0 and not bool(d)
+    assert bool(info["invalid_action"]) and not bool(run(state, jnp.int32(1))[4]["invalid_action"])
+
+
+def test_cross_entropy_loss_refuses_concrete_bad_targets_and_masks_traced_ones():
+    probs = jnp.array([0.5, 0.7, 0.2, 0.9])
+    with pytest.raises(ValueError, match=re.escape("prefs must be probabilities in [0.0, 1.0] (finite), got prefs[1]=1.5")):
+        pf.cross_entropy_loss(probs, jnp.array([0.5, 1.5, 0.0, 0.0]))
+    loss_fn = jax.jit(pf.cross_entropy_loss)
+    loss, m = loss_fn(probs, jnp.array([0.5, 1.5, jnp.nan, 0.0]))
+    ref, _ = loss_fn(probs, jnp.array([0.5, 0.0, 0.0, 0.0]), jnp.array([True, False, False, True]))
+    assert int(m["n_invalid"]) == 2 and float(loss) == pytest.approx(float(ref), rel=1e-6)
+    g = jax.grad(lambda p: loss_fn(p, jnp.array([0.5, -1.0, jnp.nan, 0.0]))[0])(probs)
+    assert np.all(np.isfinite(np.asarray(g))) and float(g[1]) == 0.0 and float(g[2]) == 0.0

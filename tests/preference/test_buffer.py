@@ -50,9 +50,9 @@ def test_imitation_queue_max_size_5():
 def test_more_than_capacity_keeps_newest_and_capacity_zero_refused():
     buf = _init(4, _pairs([0]))
     buf = _push(buf, _pairs([1, 2]), jnp.zeros(2, jnp.float32))
-    buf = _push(buf, _pairs(range(10, 17)), jnp.arange(7, dtype=jnp.float32))
+    buf = _push(buf, _pairs(range(10, 17)), jnp.arange(7, dtype=jnp.float32) / 8)  # preferences: in [0, 1]
     ids, prefs = _stored_ids(buf)
-    assert ids == [13, 14, 15, 16] and prefs == [3, 4, 5, 6]
+    assert ids == [13, 14, 15, 16] and prefs == [3 / 8, 4 / 8, 5 / 8, 6 / 8]
     with pytest.raises(ValueError, match="capacity must be >= 1"):
         _init(0, _pairs([0]))
 
@@ -68,7 +68,7 @@ def test_push_count_equals_push_of_the_prefix():
             for count in (0, 1, 3, 6):
                 buf = _init(cap, _pairs([0]))
                 if pre:
-                    buf = _push(buf, _pairs(range(pre)), jnp.arange(pre, dtype=jnp.float32))
+                    buf = _push(buf, _pairs(range(pre)), jnp.arange(pre, dtype=jnp.float32) / 8)
                 ref = _push(buf, jax.tree.map(lambda x: x[:count], pairs), prefs[:count])
                 for got in (push(buf, pairs, prefs, buffer.config(cap), count=jnp.int32(count)),
                             _push(buf, pairs, prefs, count)):
@@ -133,7 +133,7 @@ def test_buffer_contract_donation_and_checkpoint(tmp_path):
     assert all(x.is_deleted() for x in jax.tree.leaves(state))
     assert _stored_ids(out) == ([7.0, 8.0], [1.0, 0.0])
     assert buffer.metrics_dict(out, cfg) == {"buffer/size": 2.0, "buffer/valid": 2.0, "buffer/capacity": 5.0}
-    buf = _push(_init(5, ex), _pairs(range(7)), jnp.arange(7, dtype=jnp.float32))
+    buf = _push(_init(5, ex), _pairs(range(7)), jnp.arange(7, dtype=jnp.float32) / 8)
     path = tmp_path / "prefs.ckpt"
     checkpoint.save(path, buf)
     back = checkpoint.load(path, _init(5, ex))

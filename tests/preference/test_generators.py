@@ -124,9 +124,9 @@ def test_train_accounting_and_no_recompile(cartpole_agent):
     gen = cartpole_agent.with_reward(oracle_reward(cartpole_agent.base_env, cartpole_agent.env_params))
     traces = []
 
-    def train(s, k, n):
+    def train(s, k, n, hparams=None):
         traces.append(1)
-        return gen.train(s, k, n, None)
+        return gen.train(s, k, n, None, hparams=hparams)
 
     train = jax.jit(train)
     s = gen.init(1)
@@ -140,9 +140,16 @@ def test_train_accounting_and_no_recompile(cartpole_agent):
     assert int(s.ppo.steps) == int(s0.ppo.steps)
     assert len(traces) == 1
     assert s.ppo.steps.dtype == jnp.int32 and s.ppo.obs.dtype == jnp.float32
-    # new hyperparameter values are array leaves: no recompile either
-    s = train(s.replace(ppo=s.ppo.replace(hparams=PPOHParams.create(learning_rate=3e-4))), jax.random.key(1), jnp.int32(64))
-    assert len(traces) == 1
+    # new hyperparameter values are array leaves of the call, not of the state: no recompile either
+    assert not hasattr(s.ppo, "hparams")
+    s = train(s, jax.random.key(1), jnp.int32(64), hparams=PPOHParams.create(learning_rate=3e-4))
+    s = train(s, jax.random.key(1), jnp.int32(64), hparams=PPOHParams.create(learning_rate=1e-4))
+    assert len(traces) == 2  # once without hparams=, once with
+    # the hyperparameters are used: another learning rate trains other params
+    a = train(s0, jax.random.key(3), jnp.int32(64), hparams=PPOHParams.create(learning_rate=1e-3))
+    b = train(s0, jax.random.key(3), jnp.int32(64), hparams=PPOHParams.create(learning_rate=1e-2))
+    assert not np.allclose(jax.tree.leaves(a.ppo.params)[0], jax.tree.leaves(b.ppo.params)[0])
+    assert len(traces) == 2
 
 
 def test_agent_state_vmaps_and_checkpoints(cartpole_agent, tmp_path):

@@ -128,6 +128,42 @@ def test_loop_contract_and_donation(dataset_trajs, tmp_path):
     assert all(x.is_deleted() for x in jax.tree.leaves((donated.buffer, donated.reward, donated.gen)))
 
 
+class _CountingDataset(DatasetGenerator):
+    """A dataset 'agent' with one hyperparameter: ``train`` adds ``hparams["step"]`` to its counter."""
+
+    def __init__(self, trajectories, step):
+        super().__init__(trajectories)
+        self.hparams = {"step": jnp.asarray(step, jnp.int32)}
+
+    def train(self, state, key, steps, reward_params=None, *, hparams=None):
+        return state.replace(num_samples=state.num_samples + hparams["step"])
+
+
+def test_agent_hyperparameters_are_config_leaves(dataset_trajs):
+    """The agent's hyperparameters ride in the config, not the state: every round passes them to
+    ``generator.train``, and a new value changes the result without a new compilation."""
+    gen = _CountingDataset(dataset_trajs, 2)
+    net = reward_net(make_env("cartpole")[0], hidden_sizes=(8,))
+    pc = dr.PreferenceComparisons(gen, net, num_iterations=1, fragment_length=10, initial_epoch_multiplier=1.0,
+                                  progress=False, sample=False)
+    cfg = pc.config_for(0, 30)
+    assert int(cfg.agent_hparams["step"]) == 2
+    assert int(lp.config(gen, net, 1, 0, 30, fragment_length=10).agent_hparams["step"]) == 2
+    traces = []
+
+    def step(st, k, c):
+        traces.append(1)
+        return lp.step(st, k, c)
+
+    step = jax.jit(step)
+    state = lp.init(cfg, 0)
+    a, _ = step(state, jax.random.key(1), cfg)
+    b, _ = step(state, jax.random.key(1), cfg.replace(agent_hparams={"step": jnp.asarray(5, jnp.int32)}))
+    assert int(a.gen.num_samples) == 2 and int(b.gen.num_samples) == 5 and len(traces) == 1
+    # a generator without hyperparameters gets none
+    assert make_dataset_loop(dataset_trajs).config_for(0, 30).agent_hparams is None
+
+
 def test_config_is_the_one_place_for_static_settings(dataset_trajs):
     pc = make_dataset_loop(dataset_trajs)
     assert isinstance(pc.config, lp.LoopConfig) and pc.fragment_length == pc.config.fragment_length == 10

@@ -110,3 +110,17 @@ def test_config_class_checks_concrete_values_like_config():
     # stacked sweeps and traced values (vmap, jit) are fine
     sweep = rw.stack_configs(good, rw.config(("a", "b"), step_sigmas=0.5))
     assert jax.jit(lambda c: c.step_sigma * 2)(sweep).shape == (2, 2)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(random="cfg"), re.escape("random must be a RandomWeightingConfig (from config()), got str")),
+    (dict(xray={"target_scale": 50.0}), re.escape("xray must be an XrayScaleConfig (from xray_scale_config()), got dict")),
+    (dict(resample_each_step=1), "resample_each_step must be a static bool, got int"),
+], ids=["random", "xray", "resample"])
+def test_component_config_class_checks_like_component_config(kw, match):
+    """Built directly, ``ComponentWeightingConfig`` refuses what ``component_config`` refuses."""
+    args = dict(random=rw.config(), xray=rw.xray_scale_config(), resample_each_step=True)
+    with pytest.raises(ValueError, match=match):
+        rw.ComponentWeightingConfig(**{**args, **kw})
+    with pytest.raises(ValueError, match=match):
+        rw.component_config(**{**args, **kw})

@@ -45,24 +45,37 @@ def test_step_contract(tmp_path):
     assert_trees_close(got, want)
 
 
-def test_weight_sync_hook_calls_the_one_step(monkeypatch):
-    """The host hook holds no copy of the rule: it calls sync.step (the module attribute it imported)."""
+def test_weight_sync_hook_applies_the_rules_of_step(monkeypatch):
+    """The host hook holds no copy of the rules: it calls the counting and copying functions
+    that sync.step is made of, and agrees with sync.step call for call."""
     from jaxweight.sync import hook as hook_mod
 
-    calls = []
-    real = hook_mod.step
-
-    def spy(*a):
-        calls.append(a[3])
-        return real(*a)
-
-    monkeypatch.setattr(hook_mod, "step", spy)
+    counted, copied = [], []
+    real_count, real_update = hook_mod._count, hook_mod._actor_update
+    monkeypatch.setattr(hook_mod, "_count", lambda *a: counted.append(a) or real_count(*a))
+    monkeypatch.setattr(hook_mod, "_actor_update", lambda *a, **k: copied.append(a[2]) or real_update(*a, **k))
     h = sync.WeightSync(2)
     p = _params()
     for _ in range(3):
         h(p, p)
-    assert len(calls) == 3 and all(c is h.config for c in calls)
+    assert len(counted) == 3 and len(copied) == 3 and all(c is h.config for c in copied)
     assert h.state_dict() == {"counter": 3, "version": 1, "last_sync": 2}
+
+    # the same sequence of states, fires and actors as sync.step, in copy mode
+    monkeypatch.undo()
+    h = sync.WeightSync(3, copy_on_same_device=True, donate=False)
+    cfg = sync.config(3, copy_on_same_device=True)
+    state, learner = sync.init(cfg), _params()
+    actor_h = actor_s = sync.place(learner, copy=True)
+    for t in range(7):
+        learner = jax.tree.map(lambda x: x + 1, learner)
+        actor_h = h(learner, actor_h)
+        state, actor_s, fired = sync.step(state, learner, actor_s, cfg)
+        assert h.fired == bool(fired)
+        assert h.state_dict() == {"counter": int(state.counter), "version": int(state.version),
+                                  "last_sync": int(state.last_sync)}
+        assert_trees_close(actor_h, actor_s, rtol=0, atol=0)
+    assert h.staleness == int(sync.staleness(state)) == 1
 
 
 def test_public_surface():

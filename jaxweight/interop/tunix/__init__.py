@@ -14,11 +14,8 @@ call that needs it raises one ``ImportError`` naming the extra (``pip install "j
   cannot (reference log-probs, completions, the measured KL, the train/eval mode); loaded,
   with tunix, on first access.
 
-Files: ``_compat.py`` (every tunix import and internal read), ``estimators.py``, ``loss.py``,
-``registry.py``, ``prompts.py``, ``learner.py``; ``demo.py`` compares with tunix's ``"grpo"``
-(``python -m jaxweight.interop.tunix.demo``).
-
-A full run is in the README section "jaxweight inside tunix".
+``_compat.py`` holds every tunix import; ``demo.py`` compares with tunix's ``"grpo"``
+(``python -m jaxweight.interop.tunix.demo``; results in the README, "jaxweight inside tunix").
 
 Example::
 

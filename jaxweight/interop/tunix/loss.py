@@ -7,6 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ... import maxent as M
 from ._compat import tunix_modules
 
 __all__ = ["POLICY_LOSS_MAXENT", "listwise_loss", "weights_from_centred", "masked_token_mean", "maxent_policy_loss"]
@@ -59,6 +60,25 @@ def weights_from_centred(advantages: Any) -> tuple[jax.Array, jax.Array]:
     return jnp.where(tot > 0, m / jnp.where(tot > 0, tot, 1.0), 0.0), valid
 
 
+# tunix's aggregation modes that jaxweight.maxent.policy_loss computes the same way
+_AGG_MODES = {"token-mean": "token_mean", "sequence-mean-token-mean": "sequence_mean"}
+
+
+def _kl_term(common, per_token_logps, ref_per_token_logps, mask, algo_config) -> jax.Array:
+    """The aggregated KL to the reference: jaxweight's k3 policy-loss term where tunix's mode is the
+    k3 estimator (``"low_var_kl"``, no clamp) and its aggregation one jaxweight has, else tunix's."""
+    mode, agg = algo_config.kl_loss_mode, algo_config.loss_agg_mode
+    clamp = getattr(algo_config, "kl_clamp_value", None)
+    if mode == "low_var_kl" and clamp is None and agg in _AGG_MODES:
+        # a zero signal leaves only kl_coef * k3 KL, normalised as tunix aggregates it
+        kl, _ = M.policy_loss(per_token_logps, jax.lax.stop_gradient(per_token_logps),
+                              jnp.zeros(per_token_logps.shape[:1], jnp.float32), mask > 0,
+                              ref_logp=ref_per_token_logps, kl_coef=1.0, normalization=_AGG_MODES[agg])
+        return kl
+    kl = common.compute_kl_divergence(per_token_logps, ref_per_token_logps, mode, clamp_value=clamp)
+    return common.aggregate_loss(kl, mask, agg)
+
+
 def maxent_policy_loss(model, train_example, algo_config, pad_id, eos_id, **kwargs):
     """tunix policy loss ``"jaxweight_maxent"``: listwise loss toward the MaxEnt weights + beta * KL.
 
@@ -66,7 +86,9 @@ def maxent_policy_loss(model, train_example, algo_config, pad_id, eos_id, **kwar
     completion under the policy, ``w`` read back from ``train_example.advantages`` (the
     ``n*w - 1`` of :class:`MaxEntAdvantageEstimator`), groups the ``num_generations``
     consecutive rows; KL tunix's ``kl_loss_mode`` estimator against ``ref_per_token_logps``,
-    aggregated by ``loss_agg_mode`` (only when tunix computed them, i.e. ``beta != 0``).
+    aggregated by ``loss_agg_mode`` (only when tunix computed them, i.e. ``beta != 0``); the k3
+    estimator (``"low_var_kl"``) with token-mean or sequence-mean aggregation is the KL term of
+    :func:`jaxweight.maxent.policy_loss`.
     ``beta`` is ``train_example.maxent_beta`` when present (:class:`MaxEntGRPOLearner`'s
     controller, carried per step), else ``algo_config.beta`` (frozen into the jitted step);
     ``train_example.maxent_scale`` (f32[B], SEED-GRPO, > 0), when present, scales each group's
@@ -119,10 +141,7 @@ def maxent_policy_loss(model, train_example, algo_config, pad_id, eos_id, **kwar
     beta = getattr(train_example, "maxent_beta", None)
     beta = jnp.float32(algo_config.beta or 0.0) if beta is None else jnp.asarray(beta, jnp.float32).reshape(-1)[0]
     if train_example.ref_per_token_logps is not None:
-        kl = common.compute_kl_divergence(per_token_logps, train_example.ref_per_token_logps,
-                                          algo_config.kl_loss_mode,
-                                          clamp_value=getattr(algo_config, "kl_clamp_value", None))
-        kl_loss = common.aggregate_loss(kl, mask, algo_config.loss_agg_mode)
+        kl_loss = _kl_term(common, per_token_logps, train_example.ref_per_token_logps, mask, algo_config)
         loss = loss + beta * kl_loss
     aux = {"kl": kl_loss, "pg_clipfrac": jnp.float32(0.0), "listwise_loss": loss_list,
            "weight_max": jnp.max(w, initial=0.0), "beta": beta}
