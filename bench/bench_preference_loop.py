@@ -6,10 +6,12 @@ seed (``--quick``: 2e4 steps, 100 comparisons, 3 rounds; no goals judged).
 Every row runs in a fresh Python process, JAX's persistent compilation cache
 off unless the row says otherwise.
 
-1. ``program: init`` / ``program: rounds``: lowering and compile time of the
-   two programs the driver runs (``jax.vmap(loop.init)`` and
-   ``jax.vmap(loop.rounds)`` with traced round bounds), each compiled alone,
-   with the size of its HLO text.
+1. ``program: <name>``: lowering and compile time of each program the driver
+   runs (``init`` and the four phases of a round: ``collect``, ``fit_reward``,
+   ``fit_agent``, ``finish``; vmapped over one seed, the round index traced,
+   at the driver's ``COMPILER_OPTIONS``), each compiled alone, with the size
+   of its HLO text. The driver traces them one after another and compiles
+   them on a pool of threads.
 2. ``first round, cold``: from building the loop to the end of round 0 through
    ``PreferenceComparisons.train`` (imports excluded, reported in the note);
    goal <= 6.5 s. ``round 1 compiles``: backend compilations between the end
@@ -40,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import main, record  # noqa: E402
 
 MODULE = "preference_loop"
+PROGRAMS = ("init", "collect", "fit_reward", "fit_agent", "finish")
 FULL = dict(total_timesteps=1_000_000, total_comparisons=2_000, num_iterations=10)
 QUICK = dict(total_timesteps=20_000, total_comparisons=100, num_iterations=2)
 
@@ -70,29 +73,24 @@ def _worker_programs(sizes):
     import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
 
-    from jaxweight.preference import loop  # noqa: PLC0415
-
     s, pc = _build(sizes)
     cfg = pc.config_for(s.total_timesteps, s.total_comparisons)
-    keys = jax.random.split(jax.random.key(0), 1)
-    run_keys = jax.random.split(jax.random.key(1), 1)
-    init = jax.jit(jax.vmap(loop.init, in_axes=(None, 0)))
-    rounds = jax.jit(jax.vmap(loop.rounds, in_axes=(0, 0, None, None, None)))
+    keys, run_keys = pc._keys(0, 1)
     i32 = jax.ShapeDtypeStruct((), jnp.int32)
-    out = {}
-    t0 = time.perf_counter()
-    low = init.lower(cfg, keys)
-    t1 = time.perf_counter()
-    low.compile()
-    t2 = time.perf_counter()
-    out["init"] = dict(lower_s=t1 - t0, compile_s=t2 - t1, hlo_lines=len(low.as_text().splitlines()))
-    state = jax.eval_shape(init, cfg, keys)
-    t0 = time.perf_counter()
-    low = rounds.lower(state, run_keys, cfg, i32, i32)
-    t1 = time.perf_counter()
-    low.compile()
-    t2 = time.perf_counter()
-    out["rounds"] = dict(lower_s=t1 - t0, compile_s=t2 - t1, hlo_lines=len(low.as_text().splitlines()))
+    out, state, parts = {}, None, {}
+    for name in PROGRAMS:  # the driver's programs, at its compiler options, each compiled alone
+        t0 = time.perf_counter()
+        if name == "init":
+            low = pc._fn("init", True).lower(cfg, keys)
+        else:
+            low = pc._fn(name, True).lower(state, run_keys, cfg, i32, *((parts,) if name == "finish" else ()))
+        t1 = time.perf_counter()
+        low.compile()
+        t2 = time.perf_counter()
+        state = low.out_info if name == "init" else low.out_info[0]
+        if name not in ("init", "finish"):
+            parts.update(low.out_info[1])
+        out[name] = dict(lower_s=t1 - t0, compile_s=t2 - t1, hlo_lines=len(low.as_text().splitlines()))
     return out
 
 
@@ -178,7 +176,7 @@ def run(quick: bool = False) -> list[dict]:
     judged = not quick
     recs = []
     prog = _spawn("programs", sizes)
-    for name in ("init", "rounds"):
+    for name in PROGRAMS:
         p = prog[name]
         recs.append(record(MODULE, f"program: {name}", size, p["compile_s"], "-", None, compile_s=p["compile_s"],
                            lower_s=p["lower_s"], hlo_lines=p["hlo_lines"],
@@ -190,7 +188,7 @@ def run(quick: bool = False) -> list[dict]:
                        compile_s=fr["compile_s"], import_s=fr["import_s"], compiles=fr["compiles_round0"],
                        note=f"PreferenceComparisons built, compiled and round 0 run: {fr['first_round_s']:.1f} s, "
                             f"of it {fr['compile_s']:.1f} s in {fr['compiles_round0']} XLA compilations "
-                            f"(init and rounds at once); imports {fr['import_s']:.1f} s before"))
+                            f"(on a pool of threads); imports {fr['import_s']:.1f} s before"))
     recs.append(record(MODULE, "round 1 compiles", size, fr["round1_s"], "-", None, goal="0 compilations",
                        met=fr["compiles_round1"] == 0, compiles=fr["compiles_round1"],
                        note=f"round 1 took {fr['round1_s']:.1f} s with {fr['compiles_round1']} XLA compilations"))

@@ -10,7 +10,7 @@ al. 2017), on gymnax environments built in (no download):
   length leaks the reward; the loop refuses variable horizons.)
 - ``pendulum``: Pendulum-v1 (continuous torque, horizon 200, dense negative reward).
 
-For several seeds at once (``jax.vmap``, one compiled program per round) the
+For several seeds at once (``jax.vmap``; the same four compiled programs every round) the
 loop asks a synthetic teacher to compare short fragments of the agent's
 episodes, fits an ensemble of reward nets to the answers and trains PPO on
 the ensemble's reward; the agent never sees the true reward. The loop state

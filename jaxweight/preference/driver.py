@@ -3,9 +3,9 @@
 :class:`PreferenceComparisons` holds the settings (a
 :class:`~jaxweight.preference.loop.LoopConfig` without a plan), builds the
 run's config for its totals and runs the pure rounds of
-:mod:`jaxweight.preference.loop` one compiled round at a time (vmapped over
-``num_seeds`` seeds when asked), so ``train`` and ``loop.run`` agree bit for
-bit. Between rounds it checks the horizons, reports through
+:mod:`jaxweight.preference.loop` round by round, each as four small compiled
+programs (its phases; vmapped over ``num_seeds`` seeds when asked) that
+compile in parallel and are shared by every round. Between rounds it checks the horizons, reports through
 ``callback(round)`` and ``progress(round, num_rounds, metrics)``, and with
 ``checkpoint_dir`` saves the state after every round; ``resume=True``
 continues a killed run bit-identically. Every setting that changes results is
@@ -32,8 +32,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import threading
+import os
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +55,32 @@ try:  # the agent generators need gymnax (the ``rl`` extra); datasets and the lo
 except ImportError:  # pragma: no cover - exercised only without gymnax
     HostGenerator = ()
 
-__all__ = ["PreferenceComparisons", "tqdm_progress", "CHECKPOINT_NAME"]
+__all__ = ["PreferenceComparisons", "tqdm_progress", "CHECKPOINT_NAME", "COMPILER_OPTIONS"]
 
 Array = jax.Array
 logger = logging.getLogger("jaxweight.preference")
+
+#: XLA options of the loop's programs on CPU, by program: LLVM at -O1 instead of -O2 compiles the
+#: training phases about a quarter faster and runs them as fast; ``init`` (run once) and ``finish``
+#: (an evaluation, ~1% of a round) compile at -O0, about 40% faster again (bench/bench_preference_loop.py)
+COMPILER_OPTIONS: dict[str, dict[str, Any]] = {
+    "init": {"xla_backend_optimization_level": 0},
+    "collect": {"xla_backend_optimization_level": 1},
+    "fit_reward": {"xla_backend_optimization_level": 1},
+    "fit_agent": {"xla_backend_optimization_level": 1},
+    "finish": {"xla_backend_optimization_level": 0},
+}
+
+
+def _phase_program(phase: Callable) -> Callable:
+    """``program(state, run_key, cfg, i, *parts)``: ``phase`` of round ``i`` with ``loop.round_key(run_key, i)``."""
+    def program(state, run_key, cfg, i, *parts):
+        return phase(state.replace(round=i), loop.round_key(run_key, i), cfg, *parts)
+    return program
+
+
+#: name -> program of each phase of a round, in order (``finish`` takes the others' metrics)
+_PHASE_PROGRAMS = {name: _phase_program(f) for name, f in {**loop._PHASES, "finish": loop._finish}.items()}
 
 CHECKPOINT_NAME = "loop_state.ckpt"
 _FINGERPRINT_VERSION = 4
@@ -269,66 +292,76 @@ class PreferenceComparisons:
         return keys, jax.vmap(lambda k: jax.random.split(k, 3)[2])(keys)
 
     def _fn(self, name: str, batched: bool):
+        """The jitted program ``name``: ``init`` or a phase of a round (``_PHASE_PROGRAMS``), vmapped when batched."""
         if (name, batched) not in self._jit:
             if name == "init":
-                fn = jax.vmap(loop.init, in_axes=(None, 0)) if batched else loop.init
+                fn, axes = loop.init, (None, 0)
             else:
-                fn = jax.vmap(loop.rounds, in_axes=(0, 0, None, None, None)) if batched else loop.rounds
-            self._jit[(name, batched)] = jax.jit(fn)
+                fn, axes = _PHASE_PROGRAMS[name], (0, 0, None, None) + ((0,) if name == "finish" else ())
+            opts = COMPILER_OPTIONS.get(name) if jax.default_backend() == "cpu" else None
+            self._jit[(name, batched)] = jax.jit(jax.vmap(fn, in_axes=axes) if batched else fn,
+                                                 compiler_options=opts)
         return self._jit[(name, batched)]
 
     def _call(self, name: str, batched: bool, cfg: LoopConfig, *args):
-        if name == "rounds":  # start, stop as i32[] (the compiled program's argument types)
-            args = (*args[:2], *(jnp.asarray(v, jnp.int32) for v in args[2:]))
+        """Run program ``name`` (``init``: ``(keys,)``; a phase: ``(state, run_keys, i[, parts])``)."""
+        if name != "init":  # the round index as i32[] (the compiled program's argument type)
+            args = (args[0], args[1], jnp.asarray(args[2], jnp.int32), *args[3:])
         aot = self._jit.get(("aot", name, cfg.plan, batched))
         if aot is not None and not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args)):
             try:
-                return aot(*args) if name == "init" else aot(*args[:2], cfg, *args[2:])
+                compiled = aot.result()  # waits while it still compiles; re-raises its error
+                return compiled(cfg, *args) if name == "init" else compiled(*args[:2], cfg, *args[2:])
             except TypeError:  # e.g. weak-typed leaves of a hand-built state: let jit specialise
                 pass
         if name == "init":
             return self._fn("init", batched)(cfg, *args)
-        return self._fn("rounds", batched)(args[0], args[1], cfg, *args[2:])
+        return self._fn(name, batched)(args[0], args[1], cfg, *args[2:])
 
-    def compile(self, total_timesteps: int, total_comparisons: int, *, num_seeds: int | None = None) -> None:
-        """Compile ``init`` and the rounds program ahead of time, so a caller can time compilation apart.
+    def _round(self, batched: bool, cfg: LoopConfig, state: LoopState, run_keys: Array, i: int):
+        """Round ``i``: the three phase programs, then ``finish`` -> ``(state, out)`` (scalars per seed)."""
+        parts: dict[str, Array] = {}
+        for name in loop._PHASES:
+            state, out = self._call(name, batched, cfg, state, run_keys, i)
+            parts.update(out)
+        return self._call("finish", batched, cfg, state, run_keys, i, parts)
 
-        :meth:`train` and :meth:`run` call it first (nothing to do once compiled); the two
-        programs compile at the same time (init on a thread).
+    def compile(self, total_timesteps: int, total_comparisons: int, *, num_seeds: int | None = None,
+                wait: bool = True) -> None:
+        """Compile ``init`` and the four programs of a round ahead of time (nothing to do once compiled).
+
+        The programs are traced one after another here and compiled on a pool
+        of threads as each is traced (XLA compiles without the GIL), at
+        :data:`COMPILER_OPTIONS`. :meth:`train` and :meth:`run` call it with
+        ``wait=False``: round 0 starts as soon as ``init`` and its first phase
+        are compiled, while the later phases still compile.
         """
         cfg = self.config_for(total_timesteps, total_comparisons)
         batched = num_seeds is not None
-        keys, run_keys = self._keys(0, num_seeds)
-        init = self._fn("init", batched)
-        # XLA compiles without the GIL: init compiles on a thread while the rounds program is
-        # traced and compiled here, so the first round waits for the larger of the two, not both
-        worker = None
-        if ("aot", "init", cfg.plan, batched) not in self._jit:
-            lowered = init.lower(cfg, keys)
-            box: dict = {}
-
-            def compile_init():
-                try:
-                    box["compiled"] = lowered.compile()
-                except BaseException as e:  # noqa: BLE001 - re-raised in the calling thread
-                    box["error"] = e
-
-            worker = threading.Thread(target=compile_init, name="jaxweight-compile-init", daemon=True)
-            worker.start()
-        try:
-            if ("aot", "rounds", cfg.plan, batched) not in self._jit:
-                i32 = jax.ShapeDtypeStruct((), jnp.int32)
-                state = jax.eval_shape(init, cfg, keys)
-                self._jit[("aot", "rounds", cfg.plan, batched)] = (
-                    self._fn("rounds", batched).lower(state, run_keys, cfg, i32, i32).compile())
-        finally:
-            if worker is not None:
-                worker.join()
-        if worker is not None:
-            if "error" in box:
-                raise box["error"]
-            compiled = box["compiled"]
-            self._jit[("aot", "init", cfg.plan, batched)] = lambda k: compiled(cfg, k)
+        names = ("init", *loop._PHASES, "finish")
+        todo = [n for n in names if ("aot", n, cfg.plan, batched) not in self._jit]
+        if todo:
+            keys, run_keys = self._keys(0, num_seeds)
+            i32 = jax.ShapeDtypeStruct((), jnp.int32)
+            pool = ThreadPoolExecutor(max_workers=1,
+                                      thread_name_prefix="jaxweight-compile")
+            try:
+                lowered = self._fn("init", batched).lower(cfg, keys)
+                state = lowered.out_info
+                parts: dict[str, Any] = {}
+                for name in names:
+                    if name != "init":
+                        args = (state, run_keys, cfg, i32) + ((parts,) if name == "finish" else ())
+                        lowered = self._fn(name, batched).lower(*args)
+                        if name != "finish":
+                            parts.update(lowered.out_info[1])
+                    if name in todo:
+                        self._jit[("aot", name, cfg.plan, batched)] = pool.submit(lowered.compile)
+            finally:
+                pool.shutdown(wait=False)
+        if wait:
+            for name in names:
+                self._jit[("aot", name, cfg.plan, batched)].result()
 
     def init_run(self, key: Any, total_timesteps: int, total_comparisons: int, *,
                  num_seeds: int | None = None) -> LoopState:
@@ -338,17 +371,23 @@ class PreferenceComparisons:
 
     def run(self, key: Any, total_timesteps: int, total_comparisons: int, *,
             num_seeds: int | None = None) -> tuple[LoopState, dict]:
-        """The whole run in one call (one compiled program for all rounds); same keys and results as :meth:`train`.
+        """The whole run in one call, no callbacks, no checkpoints; same programs, keys and results as :meth:`train`.
+
+        (``jax.jit(loop.run)`` is the same run as one pure program.)
 
         Returns:
-          ``(state, out)``, every metric with a leading round axis ``K + 1`` (after the seed axis).
+          ``(state, out)``, every metric with a trailing round axis ``K + 1`` (after the seed axis).
         """
         cfg = self.config_for(total_timesteps, total_comparisons)
         batched = num_seeds is not None
-        self.compile(total_timesteps, total_comparisons, num_seeds=num_seeds)  # no-op once compiled
+        self.compile(total_timesteps, total_comparisons, num_seeds=num_seeds, wait=False)
         keys, run_keys = self._keys(key, num_seeds)
         state = self._call("init", batched, cfg, keys)
-        return self._call("rounds", batched, cfg, state, run_keys, 0, cfg.plan.num_rounds)
+        rows = []
+        for i in range(cfg.plan.num_rounds):
+            state, out = self._round(batched, cfg, state, run_keys, i)
+            rows.append(out)
+        return state, {k: jnp.stack([r[k] for r in rows], axis=-1) for k in loop.ROUND_METRICS}
 
     # -------------------------------------------------------------- fingerprint / resume
     def fingerprint(self, plan: LoopPlan, num_seeds: int | None = None) -> dict[str, Any]:
@@ -444,7 +483,7 @@ class PreferenceComparisons:
         allow_changed: bool | Iterable[str] = False,
         progress: bool | Callable[[int, int, dict], Any] | None = None,
     ) -> dict[str, Any]:
-        """Run the loop on the host, one compiled round at a time (imitation's ``train``).
+        """Run the loop on the host, round by round (imitation's ``train``; four compiled programs per round).
 
         Args:
           key: key or int seed of the run (split into ``num_seeds`` run keys when given).
@@ -490,15 +529,15 @@ class PreferenceComparisons:
             history = list(meta.get("history", []))
             overrides = list(meta.get("overrides", [])) + ([note] if note else [])
         # after the checkpoint checks: a refused resume compiles nothing
-        self.compile(total_timesteps, total_comparisons, num_seeds=num_seeds)  # no-op once compiled
+        self.compile(total_timesteps, total_comparisons, num_seeds=num_seeds, wait=False)  # no-op once compiled
         if state is None:
             state = self._call("init", batched, cfg, keys)
         self.overrides = overrides
         start = int(np.max(np.asarray(jax.device_get(state.round))))
         self._iteration = start
         for i in range(start, plan.num_rounds):
-            new_state, rows = self._call("rounds", batched, cfg, state, run_keys, i, i + 1)
-            host = {k: np.asarray(v)[..., i] for k, v in jax.device_get(rows).items()}
+            new_state, out = self._round(batched, cfg, state, run_keys, i)
+            host = {k: np.asarray(v) for k, v in jax.device_get(out).items()}
             if bool(np.any(host["variable_horizon"])) and not cfg.allow_variable_horizon:
                 hs = sorted({int(v) for v in np.ravel(host["horizon_min"])} | {int(v) for v in np.ravel(host["horizon_max"])})
                 raise ValueError(VARIABLE_HORIZON_MESSAGE.format(horizons=hs))

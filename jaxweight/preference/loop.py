@@ -10,7 +10,8 @@ leaves), :func:`init` builds the state, :func:`step` runs one round with an
 explicit key and :func:`run` the remaining rounds in one program (round ``i``
 uses ``round_key(key, i)``). The round's counts are traced, so every round
 shares one compiled program. The host driver (resume, fingerprints, progress)
-is :class:`~jaxweight.preference.driver.PreferenceComparisons`.
+is :class:`~jaxweight.preference.driver.PreferenceComparisons`; it compiles the
+four phases of :func:`step` as separate programs.
 
 Example::
 
@@ -436,8 +437,112 @@ def _reward_stats(cfg: LoopConfig, params: Any, buffer: PreferenceBuffer) -> tup
     return mean.astype(jnp.float32), (1.0 / jnp.maximum(std, 1e-6)).astype(jnp.float32)
 
 
+def _counts(state: LoopState, cfg: LoopConfig) -> tuple[Array, Array, Array, Array]:
+    """``(num_pairs, sample_steps, agent_steps, epochs)`` of round ``state.round`` (``i32[]`` each)."""
+    plan = cfg.plan
+    counts = [jnp.asarray(v, jnp.int32) for v in (plan.schedule, plan.sample_steps, plan.agent_steps, plan.epochs)]
+    i = jnp.clip(state.round, 0, plan.num_rounds - 1)
+    return tuple(c[i] for c in counts)
+
+
+def _round_keys(key: Any) -> Array:
+    """The six keys of a round: sample, fragments, teacher, reward training, agent training, evaluation."""
+    return jax.random.split(as_key(key), 6)
+
+
+def _collect(state: LoopState, key: Any, cfg: LoopConfig) -> tuple[LoopState, dict[str, Array]]:
+    """Phase 1 of a round: sample, cut pairs, ask the teacher, push into the buffer (``state.buffer`` replaced)."""
+    for name, rng in _HPARAMS.items():  # traced values: checked under jaxweight.checked only
+        if isinstance(getattr(cfg, name), jax.core.Tracer):
+            check_value(getattr(cfg, name), name, **rng)
+    gen, plan = cfg.generator, cfg.plan
+    num_pairs, sample_steps, _, _ = _counts(state, cfg)
+    k_sample, k_frag, k_pref, *_ = _round_keys(key)
+    p_max = plan.max_pairs
+
+    trajs = gen.sample(state.gen, k_sample, sample_steps, max_steps=plan.max_sample_steps)
+    lengths = jnp.asarray(trajs.lengths, jnp.int32)
+    term = jnp.asarray(trajs.terminal, bool) & (lengths > 0)
+    big = jnp.iinfo(jnp.int32).max
+    h_min = jnp.min(jnp.where(term, lengths, big))
+    h_max = jnp.max(jnp.where(term, lengths, -1))
+    any_term = jnp.sum(term) > 0
+    step_mask = trajs.step_mask()
+    obs = jnp.asarray(trajs.obs, jnp.float32)
+    obs_ok = jnp.all(jnp.isfinite(obs.reshape(obs.shape[:2] + (-1,))), axis=-1)  # [N, T+1]
+    step_ok = jnp.isfinite(trajs.rews) & obs_ok[:, :-1] & obs_ok[:, 1:]
+
+    pairs = _fragments(k_frag, cfg, state, trajs, p_max)
+    pairs = pairs.replace(valid=pairs.valid & (jnp.arange(p_max) < num_pairs))
+    fresh_acc, fresh_decided = preference_accuracy(
+        cfg.reward_module, state.reward.params, pairs, discount=cfg.discount, ensemble=cfg.ensemble
+    )
+    prefs, entropy = synthetic_preferences(
+        k_pref, pairs, temperature=cfg.temperature, discount=cfg.discount, sample=cfg.sample,
+        threshold=cfg.threshold,
+    )
+    buffer = pbuf.step(state.buffer, pairs, prefs, pbuf.config(plan.capacity), count=num_pairs)
+    used = lengths > 0
+    ep_returns = jnp.sum(jnp.where(step_mask & step_ok, trajs.rews, 0.0), axis=1)
+    out = {
+        "num_pairs": num_pairs, "sample_steps": sample_steps, "teacher_entropy": entropy,
+        "fresh_accuracy": fresh_acc, "fresh_decided": fresh_decided,
+        "sample_return": jnp.sum(jnp.where(used, ep_returns, 0.0)) / jnp.maximum(jnp.sum(used), 1),
+        "variable_horizon": any_term & (h_min != h_max),
+        "horizon_min": jnp.where(any_term, h_min, 0), "horizon_max": jnp.where(any_term, h_max, 0),
+        "n_nonfinite": jnp.sum(step_mask & ~step_ok, dtype=jnp.int32),
+    }
+    return state.replace(buffer=buffer), out
+
+
+def _fit_reward(state: LoopState, key: Any, cfg: LoopConfig) -> tuple[LoopState, dict[str, Array]]:
+    """Phase 2: train the reward model(s) on the buffer and renormalise the agent's reward."""
+    _, _, _, epochs = _counts(state, cfg)
+    k_reward = _round_keys(key)[3]
+    reward, rm = training.epoch(state.reward, k_reward, state.buffer, cfg.trainer, epochs=epochs)
+    shift, scale = _reward_stats(cfg, reward.params, state.buffer)
+    out = {"reward_loss": jnp.mean(rm["train/loss"]), "reward_accuracy": jnp.mean(rm["train/accuracy"]),
+           "n_invalid": rm.get("n_invalid", jnp.zeros((), jnp.int32))}
+    return state.replace(reward=reward, reward_shift=shift, reward_scale=scale), out
+
+
+def _fit_agent(state: LoopState, key: Any, cfg: LoopConfig) -> tuple[LoopState, dict[str, Array]]:
+    """Phase 3: train the agent on the learned reward (``agent_steps`` of the round)."""
+    gen = cfg.generator
+    _, _, agent_steps, _ = _counts(state, cfg)
+    k_agent = _round_keys(key)[4]
+    agent = {} if cfg.agent_hparams is None else {"hparams": cfg.agent_hparams}
+    gen_state = gen.train(state.gen, k_agent, agent_steps, agent_reward(state, cfg), **agent)
+    trained = gen.trained_steps(gen_state) if hasattr(gen, "trained_steps") else jnp.zeros((), jnp.int32)
+    return state.replace(gen=gen_state), {"agent_steps": agent_steps, "agent_steps_trained": trained}
+
+
+def _finish(state: LoopState, key: Any, cfg: LoopConfig, parts: dict[str, Array]) -> tuple[LoopState, dict[str, Array]]:
+    """Phase 4: evaluate the agent, count the buffer, close the round (``round + 1``) and shape the metrics."""
+    gen = cfg.generator
+    if cfg.eval_episodes and hasattr(gen, "evaluate"):
+        gt_return = jnp.mean(gen.evaluate(state.gen, _round_keys(key)[5], cfg.eval_episodes))
+    else:
+        gt_return = jnp.full((), jnp.nan, jnp.float32)
+    out = dict(parts, round=state.round, buffer_size=state.buffer.size, gt_return=gt_return,
+               stored_valid=jnp.sum(buffer_mask(state.buffer), dtype=jnp.int32))
+    out = {k: jnp.reshape(jnp.asarray(out[k]), ()).astype(d) for k, d in ROUND_METRICS.items()}
+    return state.replace(round=state.round + 1), out
+
+
+#: the phases of a round, in order (the host driver compiles each as its own program)
+_PHASES: dict[str, Callable[..., tuple[LoopState, dict[str, Array]]]] = {
+    "collect": _collect, "fit_reward": _fit_reward, "fit_agent": _fit_agent,
+}
+
+
 def step(state: LoopState, key: Any, cfg: LoopConfig) -> tuple[LoopState, dict[str, Array]]:
     """Round ``state.round`` of the plan (pure; jittable, vmappable over states and keys).
+
+    The round runs in four phases, each a function of the state and the
+    round's key: collect (sample, pairs, teacher, buffer), fit the reward
+    model, fit the agent, finish (evaluate, count). The host driver compiles
+    the phases as separate programs; here they trace into one.
 
     Returns:
       ``(state, out)`` with the scalar metrics of :data:`ROUND_METRICS`:
@@ -450,69 +555,11 @@ def step(state: LoopState, key: Any, cfg: LoopConfig) -> tuple[LoopState, dict[s
       bad data), ``n_nonfinite`` (sampled transitions with a non-finite reward
       or observation), and the round's counts.
     """
-    for name, rng in _HPARAMS.items():  # traced values: checked under jaxweight.checked only
-        if isinstance(getattr(cfg, name), jax.core.Tracer):
-            check_value(getattr(cfg, name), name, **rng)
-    gen, plan = cfg.generator, cfg.plan
-    counts = [jnp.asarray(v, jnp.int32) for v in (plan.schedule, plan.sample_steps, plan.agent_steps, plan.epochs)]
-    i = jnp.clip(state.round, 0, plan.num_rounds - 1)
-    num_pairs, sample_steps, agent_steps, epochs = (c[i] for c in counts)
-    k_sample, k_frag, k_pref, k_reward, k_agent, k_eval = jax.random.split(as_key(key), 6)
-    p_max = plan.max_pairs
-
-    trajs = gen.sample(state.gen, k_sample, sample_steps, max_steps=plan.max_sample_steps)
-    lengths = jnp.asarray(trajs.lengths, jnp.int32)
-    term = jnp.asarray(trajs.terminal, bool) & (lengths > 0)
-    big = jnp.iinfo(jnp.int32).max
-    h_min = jnp.min(jnp.where(term, lengths, big))
-    h_max = jnp.max(jnp.where(term, lengths, -1))
-    variable = (jnp.sum(term) > 0) & (h_min != h_max)
-    step_mask = trajs.step_mask()
-    obs = jnp.asarray(trajs.obs, jnp.float32)
-    obs_ok = jnp.all(jnp.isfinite(obs.reshape(obs.shape[:2] + (-1,))), axis=-1)  # [N, T+1]
-    step_ok = jnp.isfinite(trajs.rews) & obs_ok[:, :-1] & obs_ok[:, 1:]
-    n_nonfinite = jnp.sum(step_mask & ~step_ok, dtype=jnp.int32)
-
-    pairs = _fragments(k_frag, cfg, state, trajs, p_max)
-    pairs = pairs.replace(valid=pairs.valid & (jnp.arange(p_max) < num_pairs))
-    fresh_acc, fresh_decided = preference_accuracy(
-        cfg.reward_module, state.reward.params, pairs, discount=cfg.discount, ensemble=cfg.ensemble
-    )
-    prefs, entropy = synthetic_preferences(
-        k_pref, pairs, temperature=cfg.temperature, discount=cfg.discount, sample=cfg.sample,
-        threshold=cfg.threshold,
-    )
-    buffer = pbuf.step(state.buffer, pairs, prefs, pbuf.config(plan.capacity), count=num_pairs)
-
-    reward, rm = training.epoch(state.reward, k_reward, buffer, cfg.trainer, epochs=epochs)
-    shift, scale = _reward_stats(cfg, reward.params, buffer)
-    agent = {} if cfg.agent_hparams is None else {"hparams": cfg.agent_hparams}
-    gen_state = gen.train(state.gen, k_agent, agent_steps, AgentReward(reward.params, cfg.alpha, shift, scale),
-                          **agent)
-
-    if cfg.eval_episodes and hasattr(gen, "evaluate"):
-        gt_return = jnp.mean(gen.evaluate(gen_state, k_eval, cfg.eval_episodes))
-    else:
-        gt_return = jnp.full((), jnp.nan, jnp.float32)
-    used = lengths > 0
-    ep_returns = jnp.sum(jnp.where(step_mask & step_ok, trajs.rews, 0.0), axis=1)
-    sample_return = jnp.sum(jnp.where(used, ep_returns, 0.0)) / jnp.maximum(jnp.sum(used), 1)
-    trained = gen.trained_steps(gen_state) if hasattr(gen, "trained_steps") else jnp.zeros((), jnp.int32)
-
-    new = state.replace(gen=gen_state, reward=reward, buffer=buffer, reward_shift=shift, reward_scale=scale,
-                        round=state.round + 1)
-    any_term = jnp.sum(term) > 0
-    out = {
-        "round": state.round, "num_pairs": num_pairs, "buffer_size": buffer.size,
-        "stored_valid": jnp.sum(buffer_mask(buffer), dtype=jnp.int32), "sample_steps": sample_steps,
-        "agent_steps": agent_steps, "agent_steps_trained": trained,
-        "reward_loss": jnp.mean(rm["train/loss"]), "reward_accuracy": jnp.mean(rm["train/accuracy"]),
-        "teacher_entropy": entropy, "fresh_accuracy": fresh_acc, "fresh_decided": fresh_decided,
-        "sample_return": sample_return, "gt_return": gt_return, "variable_horizon": variable,
-        "horizon_min": jnp.where(any_term, h_min, 0), "horizon_max": jnp.where(any_term, h_max, 0),
-        "n_invalid": rm.get("n_invalid", jnp.zeros((), jnp.int32)), "n_nonfinite": n_nonfinite,
-    }
-    return new, {k: jnp.reshape(jnp.asarray(out[k]), ()).astype(d) for k, d in ROUND_METRICS.items()}
+    parts: dict[str, Array] = {}
+    for phase in _PHASES.values():
+        state, out = phase(state, key, cfg)
+        parts.update(out)
+    return _finish(state, key, cfg, parts)
 
 
 def round_key(key: Any, i: Any) -> Array:

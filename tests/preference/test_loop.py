@@ -241,7 +241,7 @@ def test_agent_trains_on_the_learned_reward_in_the_loop(tiny_run):
 
 
 def test_train_and_run_give_identical_metrics(tiny_run):
-    """train (one compiled round at a time) and run (all rounds in one call) run the same compiled program:
+    """train (round by round) and run (all rounds in one call) run the same compiled phase programs:
     four rounds, two seeds, same keys -> bit-identical metrics and states."""
     pc, state, hist, *_ = tiny_run
     states, metrics = pc.run(SEED, T, C, num_seeds=2)
@@ -249,6 +249,55 @@ def test_train_and_run_give_identical_metrics(tiny_run):
         for k, v in h.items():
             np.testing.assert_array_equal(np.asarray(metrics[k])[:, i], np.asarray(v), err_msg=f"round {i} {k}")
     assert_trees_close(states, state, rtol=0, atol=0)
+
+
+def test_driver_phases_agree_with_the_pure_loop(tiny_run):
+    """The driver compiles the four phases of loop.step as separate programs (at its own XLA
+    options); they give the pure one-program loop.run's metrics and state for the same keys."""
+    pc, state, hist, *_ = tiny_run
+    cfg = pc.config_for(T, C)
+    keys, run_keys = pc._keys(SEED, 2)
+    states, metrics = jax.jit(jax.vmap(lambda k, rk: lp.run(lp.init(cfg, k), rk, cfg)))(keys, run_keys)
+    for i, h in enumerate(hist):
+        for k, v in h.items():
+            np.testing.assert_allclose(np.asarray(metrics[k])[:, i], np.asarray(v, np.float64), rtol=1e-5, atol=1e-6,
+                                       err_msg=f"round {i} {k}")
+    # The Bradley-Terry loss sees only differences of fragment returns, so the reward nets' output
+    # bias has a zero gradient up to round-off, which AdamW normalises into full-size steps: it
+    # differs between programs compiled differently, and the agent's reward shift absorbs it
+    # (shift = mean reward = mean of the nets' outputs, biases included). Everything else agrees.
+    def bias(st):
+        return np.asarray(st.reward.params["params"]["net"]["dense_final"]["bias"], np.float64)
+
+    def without_bias(st):
+        params = jax.tree.map(lambda x: x, st.reward.params)
+        params["params"]["net"]["dense_final"]["bias"] = jnp.zeros_like(params["params"]["net"]["dense_final"]["bias"])
+        return st.replace(reward=st.reward.replace(params=params), reward_shift=jnp.zeros_like(st.reward_shift))
+
+    assert_trees_close(without_bias(states), without_bias(state), rtol=1e-5, atol=1e-6)
+    unbiased = lambda st: np.asarray(st.reward_shift, np.float64) - bias(st).mean(axis=(1, 2))  # noqa: E731
+    np.testing.assert_allclose(unbiased(states), unbiased(state), rtol=1e-4, atol=1e-6)
+
+
+def test_the_driver_compiles_five_programs_once(dataset_trajs):
+    """init and the four phase programs compile once (ahead of round 0, on a background thread);
+    a second run with other keys compiles nothing."""
+    from jax._src import monitoring  # noqa: PLC0415 - JAX's own compile event (no public alias)
+
+    pc = make_dataset_loop(dataset_trajs)
+    events = []
+    listen = lambda name, *_, **__: events.append(name)  # noqa: E731
+    monitoring.register_event_duration_secs_listener(listen)
+    try:
+        pc.compile(0, 60, num_seeds=2)
+        programs = {n for (kind, n, *_) in pc._jit if kind == "aot"}
+        assert programs == {"init", "collect", "fit_reward", "fit_agent", "finish"}
+        pc.train(0, 0, 60, num_seeds=2)
+        n = events.count("/jax/core/compile/backend_compile_duration")
+        pc.train(1, 0, 60, num_seeds=2)
+        assert events.count("/jax/core/compile/backend_compile_duration") == n
+    finally:
+        monitoring.unregister_event_duration_listener(listen)
 
 
 def test_resume_with_a_changed_learning_rate_is_refused(tiny_run, tmp_path):
