@@ -175,7 +175,7 @@ def run(quick: bool = False) -> list[dict]:
             f"{sizes['num_iterations'] + 1} rounds, L={FRAGMENT_LENGTH}, M={MEMBERS}")
     missing = peers_missing()
     if missing:
-        return [record(MODULE, "loop vs imitation + stable-baselines3", size, float("nan"), "skipped", None,
+        return [record(MODULE, "loop vs imitation + stable-baselines3", size, None, "skipped", None,
                        note=f"skipped: {', '.join(missing)} not importable (pip install imitation==1.0.1 "
                             f"torch==2.13.0 to run this row)")]
     judged = not quick

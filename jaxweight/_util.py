@@ -6,6 +6,8 @@ trace time (they look at static shapes only), so they cost nothing inside jit.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 import tempfile
@@ -253,6 +255,20 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, **dump_kwargs: Any) -> 
 # hyperparameter as a jit argument.
 
 
+_TRACED_CHECKS = contextvars.ContextVar("jaxweight_traced_checks", default=True)
+
+
+@contextlib.contextmanager
+def without_traced_checks():
+    """Trace without emitting the ``checkify`` checks of traced values (for a program that is
+    never run under ``checkify``, e.g. one serialized with ``jax.export``, which cannot hold them)."""
+    token = _TRACED_CHECKS.set(False)
+    try:
+        yield
+    finally:
+        _TRACED_CHECKS.reset(token)
+
+
 class StateFileError(ValueError):
     """A state or checkpoint file is malformed: missing key, wrong type, binary,
     truncated, corrupted or written by something else. The message names the file."""
@@ -375,6 +391,8 @@ def check_value(
             raise ValueError(f"{name} must be {want}, got {_fmt(value)}")
         return value
     x = jnp.asarray(value)
+    if not _TRACED_CHECKS.get():
+        return value
     from jax.experimental import checkify
 
     checkify.check(
@@ -392,6 +410,8 @@ def check_order(lo: Any, hi: Any, name_lo: str, name_hi: str, *, strict: bool = 
         bad = ~(a < b) if strict else ~(a <= b)
         if np.any(bad):
             raise ValueError(f"{msg}, got {name_lo}={_fmt(lo)} and {name_hi}={_fmt(hi)}")
+        return
+    if not _TRACED_CHECKS.get():
         return
     from jax.experimental import checkify
 

@@ -45,7 +45,7 @@ import numpy as np
 
 from .. import checkpoint
 from .._util import StateFileError, as_key, check_static_int, check_value, progress_bar
-from . import loop
+from . import _programs, loop
 from .buffer import PreferenceBuffer
 from .loop import VARIABLE_HORIZON_MESSAGE, LoopConfig, LoopPlan, LoopState, _jsonable, learned_reward_fn
 from .trainer import RewardTrainer
@@ -76,6 +76,7 @@ def _phase_program(phase: Callable) -> Callable:
     """``program(state, run_key, cfg, i, *parts)``: ``phase`` of round ``i`` with ``loop.round_key(run_key, i)``."""
     def program(state, run_key, cfg, i, *parts):
         return phase(state.replace(round=i), loop.round_key(run_key, i), cfg, *parts)
+    program.__name__ = program.__qualname__ = phase.__name__.lstrip("_")  # the program's name in profiles
     return program
 
 
@@ -291,17 +292,62 @@ class PreferenceComparisons:
         keys = jax.random.split(as_key(key), check_static_int(num_seeds, "num_seeds", 1))
         return keys, jax.vmap(lambda k: jax.random.split(k, 3)[2])(keys)
 
+    @staticmethod
+    def _options(name: str) -> dict[str, Any] | None:
+        return COMPILER_OPTIONS.get(name) if jax.default_backend() == "cpu" else None
+
+    @staticmethod
+    def _raw(name: str, batched: bool) -> Callable:
+        """Program ``name`` unjitted: ``init`` or a phase of a round (``_PHASE_PROGRAMS``), vmapped when batched."""
+        if name == "init":
+            fn, axes = loop.init, (None, 0)
+        else:
+            fn, axes = _PHASE_PROGRAMS[name], (0, 0, None, None) + ((0,) if name == "finish" else ())
+        return jax.vmap(fn, in_axes=axes) if batched else fn
+
     def _fn(self, name: str, batched: bool):
-        """The jitted program ``name``: ``init`` or a phase of a round (``_PHASE_PROGRAMS``), vmapped when batched."""
+        """The jitted program ``name`` (at its :data:`COMPILER_OPTIONS`)."""
         if (name, batched) not in self._jit:
-            if name == "init":
-                fn, axes = loop.init, (None, 0)
-            else:
-                fn, axes = _PHASE_PROGRAMS[name], (0, 0, None, None) + ((0,) if name == "finish" else ())
-            opts = COMPILER_OPTIONS.get(name) if jax.default_backend() == "cpu" else None
-            self._jit[(name, batched)] = jax.jit(jax.vmap(fn, in_axes=axes) if batched else fn,
-                                                 compiler_options=opts)
+            self._jit[(name, batched)] = jax.jit(self._raw(name, batched), compiler_options=self._options(name))
         return self._jit[(name, batched)]
+
+    def _lower_phase(self, name: str, batched: bool, args: tuple, store: Any) -> tuple[Callable, dict]:
+        """Lower phase ``name`` at ``args``: ``(compile() -> callable, its metrics' shapes)``.
+
+        With a program ``store`` ``(folder, fingerprint, sources)`` the phase is
+        loaded from it (no tracing) or traced, exported and stored; the compiled
+        program is then a :class:`~jaxweight.preference._programs.FlatProgram`.
+        """
+        if store is not None:
+            folder, fingerprint, sources = store
+            leaves, in_tree = jax.tree.flatten(args)
+            avals = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
+            opts = self._options(name)
+            key = _programs.program_key(name, fingerprint, sources, in_tree, avals, opts)
+            got = _programs.load(folder, key)
+            if got is None:
+                got = _programs.export_phase(self._raw(name, batched), args)
+                if got is not None:
+                    _programs.save(folder, key, *got)
+            if got is not None:
+                exported, names = got
+                lowered = jax.jit(exported.call, compiler_options=opts).lower(*avals)
+                state_tree = jax.tree.structure(args[0])
+                out = exported.out_avals[state_tree.num_leaves:]
+                shapes = {k: jax.ShapeDtypeStruct(a.shape, a.dtype) for k, a in zip(names, out)}
+                return (lambda: _programs.FlatProgram(lowered.compile(), in_tree, state_tree, names)), shapes
+        lowered = self._fn(name, batched).lower(*args)
+        return lowered.compile, lowered.out_info[1]
+
+    def _store(self, plan: LoopPlan, num_seeds: int | None) -> tuple | None:
+        """``(folder, fingerprint, sources)`` of the program store, or None where it is off."""
+        folder = _programs.store_dir()
+        if folder is None:
+            return None
+        gen = self.generator
+        sources = _programs.source_hash([gen, getattr(gen, "env", None), getattr(gen, "base_env", None),
+                                         self.reward_module])
+        return None if sources is None else (folder, self.fingerprint(plan, num_seeds), sources)
 
     def _call(self, name: str, batched: bool, cfg: LoopConfig, *args):
         """Run program ``name`` (``init``: ``(keys,)``; a phase: ``(state, run_keys, i[, parts])``)."""
@@ -330,33 +376,36 @@ class PreferenceComparisons:
                 wait: bool = True) -> None:
         """Compile ``init`` and the four programs of a round ahead of time (nothing to do once compiled).
 
-        The programs are traced one after another here and compiled on a pool
-        of threads as each is traced (XLA compiles without the GIL), at
-        :data:`COMPILER_OPTIONS`. :meth:`train` and :meth:`run` call it with
-        ``wait=False``: round 0 starts as soon as ``init`` and its first phase
-        are compiled, while the later phases still compile.
+        The programs are traced one after another here and compiled, at
+        :data:`COMPILER_OPTIONS`, on a background thread as each is traced (XLA
+        compiles without the GIL and already uses every core). :meth:`train`
+        and :meth:`run` call it with ``wait=False``: round 0 starts as soon as
+        ``init`` and its first phase are compiled, while the later phases
+        still compile. Where JAX's persistent compilation cache is on, the
+        phases are also stored traced (:mod:`jaxweight.preference._programs`),
+        so a later run with the same settings and code neither traces nor
+        compiles them.
         """
         cfg = self.config_for(total_timesteps, total_comparisons)
         batched = num_seeds is not None
         names = ("init", *loop._PHASES, "finish")
-        todo = [n for n in names if ("aot", n, cfg.plan, batched) not in self._jit]
-        if todo:
+        if any(("aot", n, cfg.plan, batched) not in self._jit for n in names):
             keys, run_keys = self._keys(0, num_seeds)
             i32 = jax.ShapeDtypeStruct((), jnp.int32)
             pool = ThreadPoolExecutor(max_workers=1,
                                       thread_name_prefix="jaxweight-compile")
+            store = self._store(cfg.plan, num_seeds)
             try:
                 lowered = self._fn("init", batched).lower(cfg, keys)
                 state = lowered.out_info
+                self._jit[("aot", "init", cfg.plan, batched)] = pool.submit(lowered.compile)
                 parts: dict[str, Any] = {}
-                for name in names:
-                    if name != "init":
-                        args = (state, run_keys, cfg, i32) + ((parts,) if name == "finish" else ())
-                        lowered = self._fn(name, batched).lower(*args)
-                        if name != "finish":
-                            parts.update(lowered.out_info[1])
-                    if name in todo:
-                        self._jit[("aot", name, cfg.plan, batched)] = pool.submit(lowered.compile)
+                for name in names[1:]:
+                    args = (state, run_keys, cfg, i32) + ((parts,) if name == "finish" else ())
+                    compile_fn, shapes = self._lower_phase(name, batched, args, store)
+                    if name != "finish":
+                        parts.update(shapes)
+                    self._jit[("aot", name, cfg.plan, batched)] = pool.submit(compile_fn)
             finally:
                 pool.shutdown(wait=False)
         if wait:
