@@ -11,7 +11,7 @@ off unless the row says otherwise.
    ``fit_agent``, ``finish``; vmapped over one seed, the round index traced,
    at the driver's ``COMPILER_OPTIONS``), each compiled alone, with the size
    of its HLO text. The driver traces them one after another and compiles
-   them on a pool of threads.
+   them on a background thread.
 2. ``first round, cold``: from building the loop to the end of round 0 through
    ``PreferenceComparisons.train`` (imports excluded, reported in the note);
    goal <= 6.5 s. ``round 1 compiles``: backend compilations between the end
@@ -188,7 +188,7 @@ def run(quick: bool = False) -> list[dict]:
                        compile_s=fr["compile_s"], import_s=fr["import_s"], compiles=fr["compiles_round0"],
                        note=f"PreferenceComparisons built, compiled and round 0 run: {fr['first_round_s']:.1f} s, "
                             f"of it {fr['compile_s']:.1f} s in {fr['compiles_round0']} XLA compilations "
-                            f"(on a pool of threads); imports {fr['import_s']:.1f} s before"))
+                            f"(on a background thread while the next program is traced); imports {fr['import_s']:.1f} s before"))
     recs.append(record(MODULE, "round 1 compiles", size, fr["round1_s"], "-", None, goal="0 compilations",
                        met=fr["compiles_round1"] == 0, compiles=fr["compiles_round1"],
                        note=f"round 1 took {fr['round1_s']:.1f} s with {fr['compiles_round1']} XLA compilations"))
