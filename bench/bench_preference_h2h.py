@@ -23,7 +23,7 @@ Every row also reports each side's final true return (mean over the last
 round's evaluation episodes; 8 episodes of the stochastic policy), which
 should agree ("same final true return": both solve the task, 500 is the
 maximum). imitation runs seeds one after another, so its per-seed time is its
-one-seed time; it runs once per bench run (about 10^3 s on 2 CPU cores).
+one-seed time; it runs once per bench run (about 6 minutes on 2 CPU cores).
 
 The rows run only when ``imitation``, ``stable_baselines3``, ``seals`` and
 ``torch`` are importable (``pip install imitation==1.0.1 torch==2.13.0``; they
