@@ -3,9 +3,9 @@
 :class:`PreferenceComparisons` holds the settings (a
 :class:`~jaxweight.preference.loop.LoopConfig` without a plan), builds the
 run's config for its totals and runs the pure rounds of
-:mod:`jaxweight.preference.loop` round by round, each as four small compiled
-programs (its phases; vmapped over ``num_seeds`` seeds when asked) that
-compile in parallel and are shared by every round. Between rounds it checks the horizons, reports through
+:mod:`jaxweight.preference.loop` round by round, each as four compiled programs
+(its phases; vmapped over ``num_seeds`` seeds when asked), compiled once on a
+background thread and shared by every round. Between rounds it checks the horizons, reports through
 ``callback(round)`` and ``progress(round, num_rounds, metrics)``, and with
 ``checkpoint_dir`` saves the state after every round; ``resume=True``
 continues a killed run bit-identically. Every setting that changes results is
@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
