@@ -80,7 +80,8 @@ __all__ = [
 
 # The loop, generators and environments import gymnax (the ``rl`` extra): loaded on first access.
 _LAZY = {
-    "loop": ("LoopConfig", "LoopState", "LoopPlan", "AgentReward", "learned_reward_fn", "ROUND_METRICS"),
+    "loop": ("LoopConfig", "LoopState", "LoopPlan", "AgentReward", "learned_reward_fn", "ROUND_METRICS",
+             "MEASURED_BY"),
     "driver": ("PreferenceComparisons", "tqdm_progress"),
     "evaluation": ("predicted_rewards", "reward_correlation", "preference_accuracy"),
     "generators": ("AgentGenerator", "AgentState", "DatasetGenerator", "DatasetState", "HostGenerator",

@@ -128,12 +128,11 @@ def tqdm_progress(desc: str = "Preference comparisons") -> Callable[[int, int, d
 def _postfix(host: dict) -> dict[str, str]:
     out = {"loss": f"{float(np.mean(host['reward_loss'])):.3f}",
            "acc": f"{float(np.mean(host['reward_accuracy'])):.3f}"}
-    fresh = np.asarray(host["fresh_accuracy"], np.float64)
-    if np.any(np.isfinite(fresh)) and np.all(np.asarray(host["round"]) > 0):
-        out["new_acc"] = f"{float(np.nanmean(fresh)):.3f}"
-    gt = np.asarray(host["gt_return"], np.float64)
-    if np.all(np.isfinite(gt)):
-        out["return"] = f"{float(np.mean(gt)):.1f}"
+    fresh, decided = np.asarray(host["fresh_accuracy"], np.float64), np.asarray(host["fresh_decided"]) > 0
+    if np.any(decided) and np.all(np.asarray(host["round"]) > 0):
+        out["new_acc"] = f"{float(np.mean(fresh[decided])):.3f}"
+    if np.all(np.asarray(host["gt_episodes"]) > 0):
+        out["return"] = f"{float(np.mean(host['gt_return'])):.1f}"
     return out
 
 
@@ -146,7 +145,9 @@ class PreferenceComparisons:
         ``DatasetGenerator``. An ``AgentGenerator`` built without a
         ``reward_apply`` is bound to the learned reward (:func:`~jaxweight.preference.loop.learned_reward_fn`).
       reward_module: the reward network (e.g. :class:`~jaxweight.preference.RewardMLP`).
-      num_iterations ... allow_variable_horizon, fragmenter, active_sample_factor,
+      num_iterations, fragment_length, transition_oversampling, initial_comparison_frac,
+        initial_epoch_multiplier, comparison_queue_size, query_schedule,
+        allow_variable_horizon, fragmenter, active_sample_factor,
         uncertainty_on, sample, normalize_agent_reward, eval_episodes,
         temperature, discount, threshold, alpha: the settings, see
         :class:`~jaxweight.preference.loop.LoopConfig` (``pc.config``; readable
@@ -381,7 +382,7 @@ class PreferenceComparisons:
         and :meth:`run` call it with ``wait=False``: round 0 starts as soon as
         ``init`` and its first phase are compiled, while the later phases
         still compile. Where JAX's persistent compilation cache is on, the
-        phases are also stored traced (:mod:`jaxweight.preference._programs`),
+        phases are also stored traced (``jaxweight.preference._programs``),
         so a later run with the same settings and code neither traces nor
         compiles them.
         """
@@ -601,10 +602,9 @@ class PreferenceComparisons:
             if callback is not None:
                 callback(i)
         self.state, self.history = state, history
-        last = history[-1] if history else {}
+        last = history[-1]  # every plan has >= 2 rounds, and a finished checkpoint holds their history
         pick = (lambda v: np.asarray(v, np.float32)) if batched else (lambda v: float(v))
-        return {"reward_loss": pick(last.get("reward_loss", np.nan)),
-                "reward_accuracy": pick(last.get("reward_accuracy", np.nan))}
+        return {"reward_loss": pick(last["reward_loss"]), "reward_accuracy": pick(last["reward_accuracy"])}
 
     @property
     def sample_labels(self) -> bool:

@@ -89,7 +89,8 @@ def preference_accuracy(
 
     Returns:
       ``(accuracy f32[], decided i32[])``: the fraction of decided pairs ranked
-      right (NaN when none is decided), and how many were decided.
+      right, and how many were decided (the accuracy is 0 when ``decided`` is 0:
+      nothing was measured; no NaN sentinel).
 
     Raises:
       ValueError: ``discount`` outside ``[0, 1]`` or NaN (eagerly, or through
@@ -106,4 +107,4 @@ def preference_accuracy(
     right = (pred[:, 0] > pred[:, 1]) == (true[:, 0] > true[:, 1])
     n = jnp.sum(decided, dtype=jnp.int32)
     acc = jnp.sum(right & decided) / jnp.maximum(n, 1).astype(jnp.float32)
-    return jnp.where(n > 0, acc, jnp.nan).astype(jnp.float32), n
+    return acc.astype(jnp.float32), n

@@ -38,7 +38,7 @@ import numpy as np
 
 from .._util import as_key, check_static_int, check_value, concrete
 from .data import FragmentPairs, Trajectories
-from .model import _check_bt
+from .model import _check_bt, binary_entropy
 from .reward_nets import ensemble_apply, num_members
 
 Array = jax.Array
@@ -256,7 +256,7 @@ def _scores_from_returns(logit_diff: Array, disc_diff: Array, noise_prob: Any, t
     prob_var = jnp.var(p, axis=-1)
     q = jnp.mean((p > 0.5).astype(jnp.float32), axis=-1)
     pm = jnp.mean(p, axis=-1)
-    ent = -(jax.scipy.special.xlogy(pm, pm) + jax.scipy.special.xlogy(1.0 - pm, 1.0 - pm))
+    ent = binary_entropy(pm)
     return {"logit": logit, "probability": prob_var, "label": q * (1.0 - q), "disagreement": jnp.sqrt(prob_var),
             "entropy": ent}
 
@@ -457,7 +457,8 @@ def _active_core(module, key, params, trajectories, hyper, fragment_length, num_
     if uncertainty_on != "all":
         scores = {uncertainty_on: scores[uncertainty_on]}
     s = scores[rank_by]
-    s = jnp.where(jnp.isnan(s), -jnp.inf, s)
+    # every score is >= 0 (or NaN): the lowest finite float ranks NaN last without an inf
+    s = jnp.where(jnp.isnan(s), jnp.finfo(s.dtype).min, s)
     # lax.top_k keeps the lower index first among equal values
     _, idx = jax.lax.top_k(s, num_pairs)
     picked = gather_fragments(trajectories, traj[idx], start[idx], term[idx], valid[idx], fragment_length)

@@ -27,16 +27,11 @@ from flax import struct
 
 from .._util import as_key, check_value, masked_mean
 from .data import FragmentPairs, _discounted_returns
+from .model import binary_entropy
 
 Array = jax.Array
 
-__all__ = ["synthetic_preferences", "synthetic_teacher", "TeacherOutput", "binary_entropy"]
-
-
-def binary_entropy(p: Array) -> Array:
-    """``-p ln p - (1-p) ln(1-p)`` with ``0 ln 0 = 0``."""
-    p = jnp.asarray(p, jnp.float32)
-    return -(jax.scipy.special.xlogy(p, p) + jax.scipy.special.xlogy(1.0 - p, 1.0 - p))
+__all__ = ["synthetic_preferences", "synthetic_teacher", "TeacherOutput"]
 
 
 @struct.dataclass

@@ -223,7 +223,7 @@ class AgentGenerator:
         every ``train`` call inside the env params, see
         :class:`~jaxweight.preference.envs.LearnedRewardEnv`). ``None`` trains
         on the environment's own reward (the true-reward baseline);
-        :class:`~jaxweight.preference.loop.PreferenceComparisons` binds its
+        :class:`~jaxweight.preference.driver.PreferenceComparisons` binds its
         learned reward to a generator built with ``None`` (:meth:`with_reward`).
       config: :class:`PPOConfig` (structural PPO settings).
       hparams: :class:`PPOHParams` or a dict of its fields (continuous PPO settings): the

@@ -45,6 +45,7 @@ from flax import struct
 from .._util import as_key, check_choice, check_static_int, check_value
 from . import buffer as pbuf
 from . import training
+from ._training_config import _known
 from .buffer import PreferenceBuffer
 from .buffer import mask as buffer_mask
 from .data import FragmentPairs, Trajectories, example_inputs
@@ -57,7 +58,7 @@ from .training import TrainerConfig, TrainerState, num_epochs
 
 __all__ = [
     "LoopConfig", "LoopPlan", "LoopState", "AgentReward", "config", "init", "step", "run", "round_key",
-    "metrics_dict", "make_plan", "learned_reward_fn", "ROUND_METRICS", "VARIABLE_HORIZON_MESSAGE",
+    "metrics_dict", "make_plan", "learned_reward_fn", "ROUND_METRICS", "MEASURED_BY", "VARIABLE_HORIZON_MESSAGE",
 ]
 
 Array = jax.Array
@@ -236,7 +237,7 @@ class LoopConfig:
             raise ValueError("fragmenter='active' needs an ensemble reward_trainer (num_members >= 2)")
         for name, rng in _HPARAMS.items():
             v = getattr(self, name)
-            if training._known(v):
+            if _known(v):
                 check_value(v, name, **rng)
 
     @property
@@ -397,9 +398,11 @@ ROUND_METRICS: dict[str, Any] = {
     "round": _I32, "num_pairs": _I32, "buffer_size": _I32, "stored_valid": _I32, "sample_steps": _I32,
     "agent_steps": _I32, "agent_steps_trained": _I32, "reward_loss": _F32, "reward_accuracy": _F32,
     "teacher_entropy": _F32, "fresh_accuracy": _F32, "fresh_decided": _I32, "sample_return": _F32,
-    "gt_return": _F32, "variable_horizon": _BOOL, "horizon_min": _I32, "horizon_max": _I32,
+    "gt_return": _F32, "gt_episodes": _I32, "variable_horizon": _BOOL, "horizon_min": _I32, "horizon_max": _I32,
     "n_invalid": _I32, "n_nonfinite": _I32,
 }
+#: metric -> the count that says whether it was measured (0: not measured, the metric is 0; no NaN sentinel)
+MEASURED_BY: dict[str, str] = {"fresh_accuracy": "fresh_decided", "gt_return": "gt_episodes"}
 
 
 def agent_reward(state: LoopState, cfg: LoopConfig) -> AgentReward:
@@ -522,10 +525,11 @@ def _finish(state: LoopState, key: Any, cfg: LoopConfig, parts: dict[str, Array]
     gen = cfg.generator
     if cfg.eval_episodes and hasattr(gen, "evaluate"):
         gt_return = jnp.mean(gen.evaluate(state.gen, _round_keys(key)[5], cfg.eval_episodes))
-    else:
-        gt_return = jnp.full((), jnp.nan, jnp.float32)
+        gt_episodes = cfg.eval_episodes
+    else:  # not measured: 0, and gt_episodes says so
+        gt_return, gt_episodes = jnp.zeros((), jnp.float32), 0
     out = dict(parts, round=state.round, buffer_size=state.buffer.size, gt_return=gt_return,
-               stored_valid=jnp.sum(buffer_mask(state.buffer), dtype=jnp.int32))
+               gt_episodes=gt_episodes, stored_valid=jnp.sum(buffer_mask(state.buffer), dtype=jnp.int32))
     out = {k: jnp.reshape(jnp.asarray(out[k]), ()).astype(d) for k, d in ROUND_METRICS.items()}
     return state.replace(round=state.round + 1), out
 
@@ -548,9 +552,10 @@ def step(state: LoopState, key: Any, cfg: LoopConfig) -> tuple[LoopState, dict[s
       ``(state, out)`` with the scalar metrics of :data:`ROUND_METRICS`:
       ``reward_loss`` / ``reward_accuracy`` (final epoch, member mean),
       ``fresh_accuracy`` / ``fresh_decided`` (the previous round's reward model
-      on this round's new pairs, before training on them: a held-out accuracy),
-      ``sample_return`` (true return of the sampled episodes), ``gt_return``
-      (``eval_episodes`` evaluation episodes; NaN without), the terminal
+      on this round's new pairs, before training on them: a held-out accuracy;
+      0 when no new pair is decided), ``sample_return`` (true return of the
+      sampled episodes), ``gt_return`` / ``gt_episodes`` (mean true return of
+      ``gt_episodes`` evaluation episodes; 0 and 0 without evaluation), the terminal
       horizons, ``n_invalid`` (stored pairs left out of reward training for
       bad data), ``n_nonfinite`` (sampled transitions with a non-finite reward
       or observation), and the round's counts.
@@ -595,11 +600,19 @@ def run(state: LoopState, key: Any, cfg: LoopConfig) -> tuple[LoopState, dict[st
 
 
 def metrics_dict(out: dict[str, Any], cfg: LoopConfig | None = None) -> dict[str, float]:
-    """Flat ``{"preference/loop/<name>": float}`` of a round's ``out`` (host side; NaN-aware mean over seeds)."""
+    """Flat ``{"preference/loop/<name>": float}`` of a round's ``out`` (host side; mean over seeds).
+
+    A metric of :data:`MEASURED_BY` is averaged over the seeds where its count
+    is positive (0.0 where no seed measured it); other values NaN-aware.
+    """
     host = jax.device_get(dict(out))
     flat = {}
     for name, v in host.items():
         a = np.asarray(v, np.float64)
-        fin = a[np.isfinite(a)]
-        flat[f"preference/loop/{name}"] = float(fin.mean()) if fin.size else float("nan")
+        count = MEASURED_BY.get(name)
+        keep = np.isfinite(a)
+        if count in host:
+            keep &= np.broadcast_to(np.asarray(host[count]) > 0, a.shape)
+        fin = a[keep]
+        flat[f"preference/loop/{name}"] = float(fin.mean()) if fin.size else (0.0 if count in host else float("nan"))
     return flat

@@ -39,6 +39,7 @@ __all__ = [
     "fragment_rewards",
     "preference_probabilities",
     "binary_cross_entropy",
+    "binary_entropy",
     "cross_entropy_loss",
 ]
 
@@ -155,6 +156,20 @@ def binary_cross_entropy(probs: Array, targets: Array) -> Array:
     log_p = jnp.maximum(jnp.where(p > 0, jnp.log(jnp.where(p > 0, p, 1.0)), -100.0), -100.0)
     log_1mp = jnp.maximum(jnp.where(p < 1, jnp.log1p(-jnp.where(p < 1, p, 0.0)), -100.0), -100.0)
     return -(y * log_p + (1.0 - y) * log_1mp)
+
+
+def binary_entropy(p: Array) -> Array:
+    """Element-wise ``-p ln p - (1-p) ln(1-p)`` in float32, with ``0 ln 0 = 0``.
+
+    Finite at ``p = 0`` and ``p = 1`` without an infinite intermediate (``xlogy``
+    takes ``log(0) = -inf`` first), so it runs under ``jax_debug_infs``.
+    """
+    p = jnp.asarray(p, jnp.float32)
+
+    def xlogx(x):
+        return jnp.where(x == 0, 0.0, x * jnp.log(jnp.where(x == 0, 1.0, x)))
+
+    return -(xlogx(p) + xlogx(1.0 - p))
 
 
 def cross_entropy_loss(

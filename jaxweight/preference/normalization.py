@@ -26,7 +26,7 @@ import numpy as np
 from flax import struct
 
 from .._util import check_choice, check_value
-from .training import _known
+from ._training_config import _known
 
 Array = jax.Array
 

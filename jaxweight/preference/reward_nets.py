@@ -50,6 +50,7 @@ __all__ = [
     "flat_dim",
     "preprocess",
     "valid_inputs",
+    "check_inputs",
     "RewardMLP",
     "PotentialMLP",
     "ShapedRewardNet",
@@ -216,7 +217,8 @@ def preprocess(space: Any, x: Array, normalize_images: bool = True, *, name: str
         c = concrete(x)
         if c is not None and c.size and not bool(np.all(_in_range(space, c, np))):
             bad = c[~_in_range(space, c, np)].reshape(-1)[0]
-            raise ValueError(f"{name} has value {bad} outside the range of {space} (valid: 0 .. n - 1)")
+            raise ValueError(f"{name} has value {bad} outside the range of {_space_text(space)} "
+                             f"(valid: {_valid_text(space)})")
     if isinstance(space, Discrete):
         return jax.nn.one_hot(x, space.n, dtype=jnp.float32)
     if isinstance(space, MultiDiscrete):
@@ -227,6 +229,21 @@ def preprocess(space: Any, x: Array, normalize_images: bool = True, *, name: str
     if normalize_images and is_image_space(space):
         return x.astype(jnp.float32) / 255.0
     return x.astype(jnp.float32)
+
+
+def _space_text(space: Space) -> str:
+    """``Discrete(2)`` / ``MultiDiscrete([3, 2])`` as a user writes it (the repr elsewhere)."""
+    if isinstance(space, Discrete):
+        return f"Discrete({space.n})"
+    if isinstance(space, MultiDiscrete):
+        return f"MultiDiscrete({list(space.nvec)})"
+    return repr(space)
+
+
+def _valid_text(space: Discrete | MultiDiscrete) -> str:
+    if isinstance(space, Discrete):
+        return f"0 .. {space.n - 1}"
+    return "0 .. nvec[i] - 1 at position i, nvec = " + str(list(space.nvec))
 
 
 def _in_range(space: Space, x: Any, xp: Any = jnp) -> Any:
@@ -253,16 +270,66 @@ def valid_inputs(module: nn.Module, obs: Array, acts: Array, lead: int = 1) -> A
             good = good & _in_range(space, x)
         return jnp.all(good.reshape(good.shape[:lead] + (-1,)), axis=-1)
 
-    def space_of(attr):
-        m = module
-        while m is not None:
-            sp = getattr(m, attr, None)
-            if sp is not None:
-                return sp
-            m = getattr(m, "base", None)
-        return None
+    return ok(obs, _space_of(module, "observation_space")) & ok(acts, _space_of(module, "action_space"))
 
-    return ok(obs, space_of("observation_space")) & ok(acts, space_of("action_space"))
+
+def _space_of(module: nn.Module, attr: str) -> Any:
+    """``module.<attr>`` (a space), looked up through ``base`` wrappers; ``None`` if no module has one."""
+    m = module
+    while m is not None:
+        sp = getattr(m, attr, None)
+        if sp is not None:
+            return sp
+        m = getattr(m, "base", None)
+    return None
+
+
+def check_inputs(module: nn.Module, obs: Any, acts: Any, *, names: tuple[str, str] = ("obs", "acts"),
+                 where: Any = None) -> None:
+    """Refuse concrete discrete observations / actions outside the reward module's spaces (host side).
+
+    The entry check of the reward trainer on data whose values are known now:
+    a value outside ``Discrete(n)`` / ``MultiDiscrete(nvec)`` is a mismatch of
+    the data and the net, so it raises here. Traced values (under ``jax.jit``)
+    are not checked: training masks and counts them (:func:`valid_inputs`), as
+    it does NaN / inf entries, which this check leaves alone.
+
+    Args:
+      module: the reward module (spaces from ``observation_space`` /
+        ``action_space``, on it or its ``base``).
+      obs, acts: ``[*items, ...]`` observations and actions, e.g. ``[P, 2, L+1, ...]`` of pairs.
+      names: how the caller names ``obs`` and ``acts`` in the message (e.g. ``"buffer.pairs.acts"``).
+      where: optional ``bool[*items]``: only these items are checked (e.g. the
+        filled buffer slots); a traced ``where`` skips the check.
+
+    Raises:
+      ValueError: naming the argument and index, the value, the space and its
+        valid values, e.g. ``buffer.pairs.acts[0, 1, 2] has value 7, outside the
+        action space Discrete(2) of the reward net (valid actions: 0 .. 1)``.
+    """
+    for x, attr, name, what in ((obs, "observation_space", names[0], "observation"),
+                                (acts, "action_space", names[1], "action")):
+        space = as_space(_space_of(module, attr))
+        if not isinstance(space, Discrete | MultiDiscrete):
+            continue
+        c = concrete(x)
+        w = None if where is None else concrete(where)
+        if c is None or c.size == 0 or (where is not None and w is None):
+            continue
+        bad = ~_in_range(space, c, np)
+        if np.issubdtype(c.dtype, np.inexact):
+            bad &= np.isfinite(c)  # NaN / inf are bad data: masked and counted, not refused
+        if w is not None:
+            w = np.asarray(w, bool)
+            bad &= w.reshape(w.shape + (1,) * (bad.ndim - w.ndim))
+        if bool(np.any(bad)):
+            idx = tuple(int(i) for i in np.argwhere(bad)[0])
+            v = c[idx]
+            raise ValueError(
+                f"{name}[{', '.join(map(str, idx))}] has value {v.item()}, outside the {what} space "
+                f"{_space_text(space)} of the reward net (valid {what}s: {_valid_text(space)}); "
+                f"{int(np.sum(bad))} such value(s) in all"
+            )
 
 
 def _features(space: Space | None, x: Array, batch_shape: tuple[int, ...], normalize_images: bool, name: str) -> Array:

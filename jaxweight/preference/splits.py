@@ -22,7 +22,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,21 +30,14 @@ import numpy as np
 from flax import struct
 
 from .._util import as_key
+from ._training_config import TrainerConfig, _vm
 from .buffer import PreferenceBuffer
 from .data import FragmentPairs, preference_ok
 from .reward_nets import valid_inputs
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .training import TrainerConfig
-
 Array = jax.Array
 
 __all__ = ["TrainData", "prepare"]
-
-
-def _vm(config: TrainerConfig, fn: Any, in_axes: Any = 0) -> Any:
-    """THE ensemble branch: ``fn`` of one member, vmapped over the leading member axis for ensembles."""
-    return jax.vmap(fn, in_axes=in_axes) if config.ensemble else fn
 
 
 @struct.dataclass
@@ -85,10 +78,15 @@ def _val_table(config: TrainerConfig, capacity: int) -> np.ndarray:
     return np.array([int(n * config.val_split) for n in range(capacity + 1)], np.int32)
 
 
+def _filled(buffer: PreferenceBuffer) -> Array:
+    """``bool[capacity]``: filled slots holding a pair flagged valid."""
+    return (jnp.arange(buffer.capacity) < buffer.size) & buffer.pairs.valid
+
+
 def _usable(config: TrainerConfig, buffer: PreferenceBuffer) -> tuple[Array, Array]:
     """``(bool[capacity] slots to train on, i32[] filled valid slots left out for bad data)``."""
     # filled slots with a valid pair; a bad preference is left out here (and counted)
-    filled = (jnp.arange(buffer.capacity) < buffer.size) & buffer.pairs.valid
+    filled = _filled(buffer)
     ok = _pair_ok(config, buffer.pairs, buffer.prefs)
     return filled & ok, jnp.sum(filled & ~ok, dtype=jnp.int32)
 

@@ -32,6 +32,7 @@ from .._util import as_key, progress_bar
 from . import splits, training
 from .buffer import PreferenceBuffer
 from .regularization import Regularizer
+from .reward_nets import check_inputs
 from .training import TrainerState
 
 Array = jax.Array
@@ -123,20 +124,26 @@ class RewardTrainer:
         return training.num_epochs(self.config.epochs, epoch_multiplier)
 
     def check_data(self, buffer: PreferenceBuffer) -> None:
-        """Host checks of a concrete buffer: something to train on, and the validation split (imitation's error).
+        """Host checks of a concrete buffer: data the net accepts, something to train on, and the
+        validation split (imitation's error).
 
         Raises:
-          ValueError: no stored pair is usable (an empty buffer, or every pair left out
-            for bad data); the validation split leaves a side empty.
+          ValueError: a stored discrete observation / action outside the reward net's
+            space (naming ``buffer.pairs.acts`` / ``buffer.pairs.obs``, the index, the
+            value and the space); no stored pair is usable (an empty buffer, or every
+            pair left out for NaN / inf data or preferences outside ``[0, 1]``); the
+            validation split leaves a side empty.
         """
         cfg = self.config
+        check_inputs(cfg.module, buffer.pairs.obs, buffer.pairs.acts,
+                     names=("buffer.pairs.obs", "buffer.pairs.acts"), where=splits._filled(buffer))
         usable, n_bad = jax.device_get(splits._usable(cfg, buffer))
         n = int(np.sum(usable))
         if n == 0:
             size = int(np.max(np.asarray(jax.device_get(buffer.size))))
             why = ("the buffer is empty" if size == 0 else
-                   f"all {size} stored pairs are invalid ({int(np.max(n_bad))} with NaN / inf or out-of-range "
-                   "data or preferences, the rest flagged invalid)")
+                   f"all {size} stored pairs are invalid ({int(np.max(n_bad))} with NaN / inf data or "
+                   "preferences outside [0, 1], the rest flagged invalid)")
             raise ValueError(f"cannot train the reward model: {why}; push comparisons with valid data "
                              "first (buffer.step)")
         if not cfg.has_updater:
@@ -161,8 +168,9 @@ class RewardTrainer:
           ``(state, metrics)`` with imitation's metric names (see :func:`epoch_metrics_dict`).
 
         Raises:
-          ValueError: "Must train for at least one epoch."; a buffer without a usable pair
-            (empty, or every pair invalid: nothing is trained); the validation-split error.
+          ValueError: "Must train for at least one epoch."; a stored action / observation
+            outside the net's space; a buffer without a usable pair (empty, or every pair
+            invalid: nothing is trained); the validation-split error.
         """
         n = self.num_epochs(epoch_multiplier)
         self.check_data(buffer)

@@ -395,11 +395,65 @@ def test_bad_stored_pair_is_left_out_and_counted(kind):
     assert tr.metrics_dict(m, CFG)["preference/n_invalid"] == 1.0
 
 
-@pytest.mark.parametrize("kind", ["nan_obs", "nan_pref", "action_out_of_range"])
+@pytest.mark.parametrize("kind", ["nan_obs", "nan_pref"])
 def test_host_trainer_reports_invalid_pairs(kind):
     state, metrics = TRAINER.train(STATE, 0, _buffer(*_corrupt(kind)))
     assert metrics["reward/final/n_invalid"] == 1.0
     assert np.isfinite(metrics["reward/final/train/loss"]) and _all_finite(state.params)
+
+
+@pytest.mark.parametrize("kind, where, value", [("action_out_of_range", "5, 0, 1", 7),
+                                                ("negative_action", "5, 1, 0", -2)])
+def test_concrete_action_outside_the_space_is_refused_at_entry_naming_it(kind, where, value):
+    """A Discrete(2) net fed action 7: the host trainer, and ``epoch`` / ``step`` on concrete data, name the
+    argument, the index, the value and the space before training (no "all pairs are invalid")."""
+    pairs, prefs = _corrupt(kind)
+    buf = _buffer(pairs, prefs)
+    msg = (rf"buffer\.pairs\.acts\[{where}\] has value {value}, outside the action space Discrete\(2\) of the "
+           r"reward net \(valid actions: 0 \.\. 1\)")
+    with pytest.raises(ValueError, match=msg):
+        TRAINER.train(STATE, 0, buf)
+    with pytest.raises(ValueError, match=msg):
+        tr.epoch(STATE, 0, buf, CFG)
+    idx = jnp.arange(12).reshape(3, 4)  # pair 5 is row 1 of member 1's batch
+    step_msg = rf"pairs\.acts\[1, 1, {where[3:]}\] has value {value}, outside the action space Discrete\(2\)"
+    with pytest.raises(ValueError, match=step_msg):
+        tr.step(STATE, jax.tree.map(lambda x: x[idx], pairs), prefs[idx], CFG)
+    # traced data is left out and counted instead (test_bad_stored_pair_is_left_out_and_counted)
+    _, m = _train_jit(STATE, jax.random.key(1), buf)
+    assert int(m["n_invalid"]) == 1
+
+
+def test_all_stored_actions_outside_the_space_name_the_space_not_all_invalid():
+    """The report of the issue: every stored pair holds action 7 for a Discrete(2) net."""
+    pairs = jax.tree.map(lambda x: x[:2], PAIRS)
+    pairs = pairs.replace(acts=jnp.full_like(pairs.acts, 7))
+    bcfg = pf.buffer.config(4)
+    buf = pf.buffer.step(pf.buffer.init(bcfg, None, pairs), pairs, PREFS[:2], bcfg)
+    trainer = pf.RewardTrainer(NET, batch_size=2)
+    with pytest.raises(ValueError, match=r"buffer\.pairs\.acts\[0, 0, 0\] has value 7, outside the action space "
+                                         r"Discrete\(2\) .*valid actions: 0 \.\. 1\); 12 such value"):
+        trainer.train(trainer.init(0, EX), 0, buf)
+
+
+def test_discrete_observations_outside_the_space_are_named_too():
+    net = pf.RewardMLP(hidden_sizes=(4,), observation_space=pf.MultiDiscrete((3, 2)), action_space=pf.Discrete(2))
+    obs = np.zeros((4, 2, L + 1, 2), np.int32)
+    pairs = pf.fragment_pairs_from_arrays(obs, np.zeros((4, 2, L), np.int32))
+    trainer = pf.RewardTrainer(net, batch_size=4)
+    state = trainer.init(0, pairs)
+    bad = pairs.replace(obs=pairs.obs.at[2, 1, 3, 1].set(2))  # position 1 has 2 categories
+    bcfg = pf.buffer.config(4)
+    buf = pf.buffer.step(pf.buffer.init(bcfg, None, bad), bad, np.ones(4, np.float32), bcfg)
+    with pytest.raises(ValueError, match=r"buffer\.pairs\.obs\[2, 1, 3, 1\] has value 2, outside the observation "
+                                         r"space MultiDiscrete\(\[3, 2\]\)"):
+        trainer.train(state, 0, buf)
+    # a slot that is not filled is not checked: the same data pushed as invalid pairs trains nothing but
+    # raises the empty-data error, not the range error
+    flagged = bad.replace(valid=jnp.zeros(4, bool))
+    buf = pf.buffer.step(pf.buffer.init(bcfg, None, bad), flagged, np.ones(4, np.float32), bcfg)
+    with pytest.raises(ValueError, match="all 4 stored pairs are invalid"):
+        trainer.train(state, 0, buf)
 
 
 @pytest.mark.parametrize("where", ["obs", "pref"])

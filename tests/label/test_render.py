@@ -1,0 +1,159 @@
+"""Clips of fragments: what they show, the renderer registry, speed, and no JAX on the way."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+PIL = pytest.importorskip("PIL", reason="rendering needs Pillow (the label extra)")
+from PIL import Image  # noqa: E402
+
+from jaxweight.label import render  # noqa: E402
+from jaxweight.label.render import HEIGHT, WIDTH, Renderer, get_renderer, register_renderer, render_clip  # noqa: E402
+
+
+def _frames(gif: bytes) -> list[np.ndarray]:
+    im = Image.open(io.BytesIO(gif))
+    out = []
+    for i in range(im.n_frames):
+        im.seek(i)
+        out.append(np.asarray(im.convert("RGB")))
+    return out
+
+
+def _where(frame: np.ndarray, colour_index: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pixel rows and columns drawn in one palette colour."""
+    rgb = np.asarray(render._PALETTE[colour_index], np.uint8)
+    ys, xs = np.nonzero(np.all(frame == rgb, axis=-1))
+    return ys, xs
+
+
+def test_cartpole_clip_is_an_animated_gif_with_one_frame_per_observation():
+    obs = np.zeros((21, 4), np.float32)
+    gif = render_clip("cartpole", obs)
+    im = Image.open(io.BytesIO(gif))
+    assert im.format == "GIF" and im.n_frames == 21 and im.size == (WIDTH, HEIGHT)
+    assert im.info["loop"] == 0 and im.info["duration"] == 100
+    im.seek(20)
+    assert im.info["duration"] == 500  # the last frame pauses before the loop restarts
+
+
+def test_cartpole_draws_the_cart_at_x_and_the_pole_leaning_with_theta():
+    obs = np.array([[-2.0, 0, 0, 0], [2.0, 0, 0, 0], [0.0, 0, 0.6, 0], [0.0, 0, -0.6, 0]], np.float32)
+    f = _frames(render_clip("cartpole", obs))
+    cart = [_where(fr, render.CART)[1].mean() for fr in f[:2]]
+    assert cart[0] < WIDTH / 2 - 80 and cart[1] > WIDTH / 2 + 80        # x = -2 left, x = +2 right
+    pole_right = _where(f[2], render.POLE)
+    pole_left = _where(f[3], render.POLE)
+    assert pole_right[1].mean() > WIDTH / 2 + 10                        # theta > 0 leans right (gym)
+    assert pole_left[1].mean() < WIDTH / 2 - 10
+    assert pole_right[0].max() < 120 and pole_left[0].max() < 120       # both above the track
+
+
+def test_cartpole_far_away_cart_is_an_arrow_at_the_edge():
+    f = _frames(render_clip("cartpole", np.array([[50.0, 0, 0, 0], [-1e30, 0, 0, 0]], np.float32)))
+    assert _where(f[0], render.CART)[0].size == 0 and _where(f[1], render.CART)[0].size == 0
+    assert _where(f[0], render.AXLE)[1].min() > WIDTH - 25              # arrow on the right edge
+    assert _where(f[1], render.AXLE)[1].max() < 25                      # and on the left
+
+
+def test_pendulum_up_is_up_and_positive_theta_turns_counter_clockwise():
+    th = np.array([0.0, np.pi, np.pi / 2], np.float32)
+    obs = np.stack([np.cos(th), np.sin(th), np.zeros(3)], 1)
+    f = _frames(render_clip("pendulum", obs))
+    bob = [(_where(fr, render.POLE)[0].mean(), _where(fr, render.POLE)[1].mean()) for fr in f]
+    py, px = render._PD_PIVOT[1], render._PD_PIVOT[0]
+    assert bob[0][0] < py - 50 and abs(bob[0][1] - px) < 3             # theta 0: straight up
+    assert bob[1][0] > py + 50                                          # theta pi: hanging down
+    assert bob[2][1] < px - 50 and abs(bob[2][0] - py) < 3             # theta pi/2: to the left (gym)
+
+
+def test_non_finite_observations_draw_a_cross_not_an_error():
+    obs = np.array([[0, 0, 0, 0], [np.nan, 0, 0, 0], [np.inf, 0, 0, 0]], np.float32)
+    f = _frames(render_clip("cartpole", obs))
+    assert _where(f[0], render.BOUND)[0].size < 200                    # the bound marks only
+    assert _where(f[1], render.BOUND)[0].size > 1000 and _where(f[2], render.BOUND)[0].size > 1000
+    assert _where(f[1], render.CART)[0].size == 0
+
+
+def test_registry_finds_exact_ids_then_the_longest_family_and_names_the_known_ones():
+    made = []
+
+    def brax(env_id):
+        made.append(env_id)
+        return Renderer(env_id, 2, lambda o: [Image.new("RGB", (8, 8), (40 * i, 0, 0)) for i in range(len(o))])
+
+    register_renderer("test-brax:", brax)
+    try:
+        r = get_renderer("test-brax:ant")
+        assert r.name == "test-brax:ant" and made == ["test-brax:ant"]
+        gif = render_clip(r, np.zeros((3, 2), np.float32))             # an RGB renderer is quantised
+        assert Image.open(io.BytesIO(gif)).n_frames == 3
+        with pytest.raises(ValueError, match="already registered.*replace=True"):
+            register_renderer("test-brax:", brax)
+        with pytest.raises(ValueError, match=r"no renderer for environment 'humanoid'.*'cartpole'.*register_renderer"):
+            get_renderer("humanoid")
+    finally:
+        render._REGISTRY.pop("test-brax:")
+    assert get_renderer("cartpole").obs_dim == 4 and get_renderer("pendulum").obs_dim == 3
+
+
+def test_built_in_environment_objects_map_to_their_renderer():
+    envs = pytest.importorskip("jaxweight.preference.envs", reason="needs gymnax (the rl extra)")
+    assert get_renderer(envs.FixedHorizonCartPole(horizon=50)).name == "cartpole"
+    assert get_renderer(envs.FixedHorizonPendulum()).name == "pendulum"
+    with pytest.raises(ValueError, match="pass the id"):
+        get_renderer(object())
+
+
+@pytest.mark.parametrize(("obs", "match"), [
+    (np.zeros((5, 3)), r"4 values per frame"),
+    (np.zeros((5,)), r"shape \(T, D\)"),
+    (np.zeros((0, 4)), r"T >= 1"),
+])
+def test_bad_observations_are_refused(obs, match):
+    with pytest.raises(ValueError, match=match):
+        render_clip("cartpole", obs)
+
+
+@pytest.mark.parametrize("ms", [0, 10, 2.5, True])
+def test_bad_frame_ms_is_refused(ms):
+    with pytest.raises(ValueError, match="frame_ms must be an int >= 20"):
+        render_clip("cartpole", np.zeros((2, 4)), frame_ms=ms)
+
+
+def test_rendering_imports_no_jax():
+    """Host-side only: importing the package and rendering a pair never loads JAX (so never compiles)."""
+    code = textwrap.dedent("""
+        import sys, numpy as np
+        from jaxweight.label import render_clip
+        from jaxweight.label.log import LabelLog
+        from jaxweight.label.board import LabelBoard
+        render_clip("pendulum", np.zeros((4, 3), np.float32))
+        print(sorted(m for m in sys.modules if m == "jax" or m.startswith("jax.")))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(("env", "dim"), [("cartpole", 4), ("pendulum", 3)])
+def test_render_time_of_a_pair_is_recorded(env, dim, record_property):
+    """Measured, not asserted (a shared CPU): the median time to render both clips of a 20-step pair."""
+    rng = np.random.default_rng(0)
+    obs = rng.normal(size=(2, 21, dim)).astype(np.float32)
+    times = []
+    for _ in range(10):
+        t0 = time.perf_counter()
+        gifs = [render_clip(env, obs[0]), render_clip(env, obs[1])]
+        times.append(time.perf_counter() - t0)
+    ms = 1e3 * float(np.median(times))
+    record_property(f"render_pair_ms_{env}", ms)
+    print(f"\n[label] {env}: a 21-frame pair renders in {ms:.1f} ms (median of 10; max {1e3 * max(times):.1f} ms), "
+          f"{sum(map(len, gifs))} bytes")
+    assert all(Image.open(io.BytesIO(g)).n_frames == 21 for g in gifs)

@@ -1,0 +1,187 @@
+"""HumanTeacher: a scripted person gets the synthetic teacher's answers; a crash loses no label."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from tests.label.conftest import Api, Asker, random_obs, wait_for_round
+
+
+def _person(api: Api, returns: np.ndarray, round_index: int) -> list[str]:
+    """Answer every pair of the open round like the noiseless synthetic teacher: compare true returns.
+
+    Watches each clip first, as a person would, and answers the pair the page shows next.
+    """
+    said = []
+    while True:
+        s = api.state()
+        if s["done"]:
+            return said
+        p = s["pair"]
+        for side in (0, 1):
+            status, gif = api.request("GET", f"/clip/{round_index}/{p}/{side}?v={s['digest']}")
+            assert status == 200 and gif[:6] == b"GIF89a"
+        r0, r1 = returns[p]
+        choice = "left" if r0 > r1 else "right" if r1 > r0 else "equal"
+        status, body = api.label(round_index, p, choice)
+        assert status == 200 and body["ok"], body
+        said.append(choice)
+
+
+def test_a_person_who_compares_true_returns_answers_like_the_noiseless_synthetic_teacher(teacher, api):
+    pf = pytest.importorskip("jaxweight.preference")
+    rng = np.random.default_rng(7)
+    p, length = 24, 6
+    rews = rng.integers(0, 2, size=(p, 2, length)).astype(np.float32)   # CartPole-like 0/1 rewards: ties happen
+    obs = rng.normal(size=(p, 2, length + 1, 4)).astype(np.float32)
+    pairs = pf.fragment_pairs_from_arrays(obs, np.zeros((p, 2, length), np.int32), rews)
+    expected, _ = pf.synthetic_preferences(0, pairs, temperature=0.0)
+    expected_valid = pf.synthetic_teacher(0, pairs, temperature=0.0).valid
+
+    asker = Asker(teacher, 5, np.asarray(pairs.obs))
+    wait_for_round(api, 5)
+    said = _person(api, rews.sum(-1), 5)
+    prefs, valid = asker.result()
+    assert {"left", "right", "equal"} <= set(said)
+    np.testing.assert_array_equal(prefs, np.asarray(expected))
+    np.testing.assert_array_equal(valid, np.asarray(expected_valid))
+    assert prefs.dtype == np.float32 and prefs.shape == (p,) and valid.dtype == bool
+
+
+def test_ask_takes_jax_arrays_and_reports_progress(web, tmp_path):
+    jnp = pytest.importorskip("jax.numpy")
+    from jaxweight.label import HumanTeacher
+
+    calls = []
+    with HumanTeacher(tmp_path / "l.jsonl", "pendulum", announce=calls.append, poll_s=0.02,
+                      progress=lambda r, n, total: calls.append((r, n, total))) as t:
+        api = Api(t.url)
+        asker = Asker(t, 0, jnp.zeros((3, 2, 4, 3)), jnp.asarray([0.9, 0.1, 0.4]))
+        wait_for_round(api, 0)
+        for p, c in enumerate(["left", "left", "skip"]):
+            assert api.label(0, p, c)[0] == 200
+            time.sleep(0.1)
+        prefs, valid = asker.result()
+    assert prefs.tolist() == [1.0, 1.0, 0.5] and valid.tolist() == [True, True, False]
+    assert calls[0].startswith("[label] compare clips at http://127.0.0.1:") and t.url.split("token=")[1] in calls[0]
+    counts = [c for c in calls[1:]]
+    assert counts[0] == (0, 0, 3) and counts[-1] == (0, 3, 3)
+    assert [n for _, n, _ in counts] == sorted({n for _, n, _ in counts})   # each count once, rising
+
+
+def test_a_finished_round_in_the_log_returns_at_once_without_a_person(web, tmp_path):
+    from jaxweight.label import HumanTeacher
+
+    obs = random_obs(3)
+    with HumanTeacher(tmp_path / "l.jsonl", "cartpole", announce=None, poll_s=0.02) as t:
+        api = Api(t.url)
+        asker = Asker(t, 2, obs)
+        wait_for_round(api, 2)
+        for p, c in enumerate(["right", "equal", "left"]):
+            api.label(2, p, c)
+        first = asker.result()
+    with HumanTeacher(tmp_path / "l.jsonl", "cartpole", announce=None) as t:
+        t0 = time.monotonic()
+        again = t.ask(2, obs, timeout=5)
+        assert time.monotonic() - t0 < 2
+    np.testing.assert_array_equal(again[0], first[0])
+    np.testing.assert_array_equal(again[1], first[1])
+
+
+def test_timeout_keeps_the_round_open_and_its_answers(teacher, api):
+    obs = random_obs(2)
+    asker = Asker(teacher, 0, obs, timeout=0.5)
+    wait_for_round(api, 0)
+    api.label(0, 1, "right")
+    with pytest.raises(TimeoutError, match="1 of 2 pairs answered"):
+        asker.result()
+    asker = Asker(teacher, 0, obs)                     # asked again: goes on from the kept answer
+    wait_for_round(api, 0)
+    assert api.state()["labelled"] == 1
+    api.label(0, 0, "left")
+    assert asker.result()[0].tolist() == [1.0, 0.0]
+
+
+def test_one_round_at_a_time(teacher, api):
+    asker = Asker(teacher, 0, random_obs(1))
+    wait_for_round(api, 0)
+    with pytest.raises(RuntimeError, match="one round at a time"):
+        teacher.ask(1, random_obs(1))
+    api.label(0, 0, "skip")
+    assert asker.result()[1].tolist() == [False]
+
+
+_CHILD = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from jaxweight.label import HumanTeacher
+    teacher = HumanTeacher(sys.argv[1], "cartpole", announce=None)
+    print(teacher.start(), flush=True)
+    teacher.ask(4, np.load(sys.argv[2]))
+    print("finished", flush=True)
+""")
+
+
+@pytest.mark.parametrize("torn", [False, True])
+def test_a_crash_mid_round_loses_no_label_and_the_round_resumes(web, tmp_path, caplog, torn):
+    """A teacher process killed (SIGKILL) after k labels; a new one on the same log keeps them all."""
+    from jaxweight.label import HumanTeacher
+
+    p, k = 6, 4
+    obs = random_obs(p, seed=3)
+    np.save(tmp_path / "obs.npy", obs)
+    log_path = tmp_path / "labels.jsonl"
+    choices = ["left", "right", "equal", "skip", "right", "left"]
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(log_path), str(tmp_path / "obs.npy")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = child.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), child.stderr.read()
+        api = Api(url)
+        wait_for_round(api, 4)
+        for i in range(k):
+            status, body = api.label(4, i, choices[i])
+            assert status == 200, body
+            # durable before OK: the line is on disk the moment the page hears it
+            assert len(log_path.read_text().splitlines()) == i + 1
+    finally:
+        child.kill()                                   # no clean shutdown: a crash
+        child.communicate(timeout=30)
+    assert child.returncode != 0
+    if torn:
+        with open(log_path, "ab") as f:                # the crash also cut a fifth line short
+            f.write(b'{"round":4,"pair":4,"choice":"ri')
+    with HumanTeacher(log_path, "cartpole", announce=None, poll_s=0.02) as again:
+        assert ("cut short by a crash" in caplog.text) == torn
+        api = Api(again.url)
+        asker = Asker(again, 4, obs)
+        s = wait_for_round(api, 4)
+        assert (s["labelled"], s["pair"]) == (k, k)     # every label kept; asks from the first unanswered
+        assert api.label(4, 0, "right")[0] == 409       # a kept label cannot be given twice
+        for i in range(k, p):
+            assert api.label(4, i, choices[i])[0] == 200
+        prefs, valid = asker.result()
+    expected = {"left": (1.0, True), "right": (0.0, True), "equal": (0.5, True), "skip": (0.5, False)}
+    assert prefs.tolist() == [expected[c][0] for c in choices]
+    assert valid.tolist() == [expected[c][1] for c in choices]
+    lines = [json.loads(x) for x in log_path.read_text().splitlines()]
+    assert [(x["round"], x["pair"], x["choice"]) for x in lines] == [(4, i, c) for i, c in enumerate(choices)]
+    assert all(isinstance(x["time"], float) and len(x["digest"]) == 16 for x in lines)
+
+
+def test_tqdm_progress_draws_one_bar_per_round(web, capsys):
+    from jaxweight.label import tqdm_progress
+
+    progress = tqdm_progress("labels")
+    for call in [(0, 0, 3), (0, 2, 3), (0, 3, 3), (1, 1, 2), (1, 2, 2)]:
+        progress(*call)
+    err = capsys.readouterr().err
+    assert "labels (round 0)" in err and "3/3" in err
+    assert "labels (round 1)" in err and "2/2" in err
