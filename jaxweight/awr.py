@@ -119,7 +119,7 @@ def awr_weights(
     """
     if not isinstance(normalize, bool):
         raise ValueError(f"normalize must be a static bool, got {normalize!r}")
-    adv = jnp.asarray(advantages, jnp.float32)
+    adv = _util.as_f32(advantages)
     beta = _positive_scalar(temperature, "temperature")
     wmax = _positive_scalar(max_weight, "max_weight")
     valid = _valid_mask(adv, mask, "advantages")
@@ -160,8 +160,10 @@ def awr_loss(
     Returns:
       f32[] loss.
     """
-    lp = jnp.asarray(log_probs)
-    adv = jnp.asarray(advantages, jnp.float32)
+    # a jax array (or tracer, e.g. under jax.grad) is used as is: a conversion op would carry
+    # its NaN entries before they are masked, which jax_debug_nans reports (host data: as_f32)
+    lp = log_probs if isinstance(log_probs, jax.Array) else _util.as_f32(log_probs)
+    adv = _util.as_f32(advantages)
     check_same_shape(adv, lp, "advantages", "log_probs")
     # an entry with a non-finite log-prob is invalid too: it stays out of the normalisation
     valid = _valid_mask(adv, mask, "advantages") & jnp.isfinite(lp)
@@ -278,7 +280,7 @@ _X_MAX = 1e6
 
 
 def _standardize(params: WeightPolicyParams, features: Any) -> Array:
-    x = jnp.asarray(features, jnp.float32)
+    x = _util.as_f32(features)
     F = params.feature_mean.shape[-1]
     if x.ndim < 1 or x.shape[-1] != F:
         raise ValueError(f"features must have shape (..., {F}), got {x.shape}")
@@ -423,16 +425,34 @@ def _check_config(cfg: Any) -> None:
         raise ValueError(f"cfg must be an AWRConfig (from awr.config()), got {type(cfg).__name__}")
 
 
+def _clip_by_global_norm(max_norm: Array) -> optax.GradientTransformation:
+    """``optax.clip_by_global_norm`` with the same values and state, without its ``0 / 0``.
+
+    optax computes the clipped branch ``t / norm * max_norm`` even when it keeps ``t``; a zero
+    gradient (a batch without a valid row) makes that NaN, which ``jax_debug_nans`` reports.
+    """
+
+    def update(updates, state, params=None):
+        del params
+        g_norm = optax.tree.norm(updates)
+        trigger = jnp.squeeze(g_norm < max_norm)
+        safe = jnp.where(trigger, jnp.ones_like(g_norm), g_norm)
+        return jax.tree.map(lambda t: jax.lax.select(trigger, t, (t / safe.astype(t.dtype)) * max_norm),
+                            updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def _optimizer(cfg: AWRConfig) -> optax.GradientTransformation:
-    return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
+    return optax.chain(_clip_by_global_norm(cfg.max_grad_norm),
                        optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay))
 
 
 def _rows(features: Any, log_weights: Any, advantages: Any, mask: Any, K: int):
     """Checked f32 arrays ``x [N, F]``, ``a [N, K]``, ``adv [N]``, the requested rows and the valid ones."""
-    x = jnp.asarray(features, jnp.float32)
-    a = jnp.asarray(log_weights, jnp.float32)
-    adv = jnp.asarray(advantages, jnp.float32)
+    x = _util.as_f32(features)
+    a = _util.as_f32(log_weights)
+    adv = _util.as_f32(advantages)
     check_rank(x, 2, "features")
     check_rank(a, 2, "log_weights")
     check_rank(adv, 1, "advantages")
@@ -479,7 +499,7 @@ def init(cfg: AWRConfig, key: Any = None, features: Any = None, *, mask: Any = N
     _check_config(cfg)
     if key is None or features is None:
         raise ValueError("init(cfg, key, features) needs a key and example features f32[N, F]")
-    x = jnp.asarray(features, jnp.float32)
+    x = _util.as_f32(features)
     check_rank(x, 2, "features")
     valid = jnp.all(jnp.isfinite(x), axis=1)
     if mask is not None:

@@ -359,7 +359,7 @@ SETTINGS = [
     (lambda v: maxent.group_advantages(jnp.zeros((1, 2)), eps=v), "eps", _nonneg),
     (lambda v: maxent.seed_grpo_scale(jnp.zeros((1,)), alpha=v, num_generations=4), "alpha", _nonneg),
     (lambda v: cur.config(capacity=4, temperature=v), "temperature", _pos),
-    (lambda v: cur.config(capacity=4, ema_alpha=v), "ema_alpha", lambda v: math.isfinite(v) and 0 < v <= 1),
+    (lambda v: cur.config(capacity=4, ema_alpha=v), "ema_alpha", _unit),
     (lambda v: cur.config(capacity=4, competence_threshold=v), "competence_threshold", _unit),
     (lambda v: cur.config(capacity=4, competence_c0=v), "competence_c0", lambda v: math.isfinite(v) and 0 < v <= 1),
     (lambda v: cur.config(capacity=4, staleness_coeff=v), "staleness_coeff", _unit),

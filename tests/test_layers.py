@@ -2,8 +2,14 @@
 
 Layers, lowest first: the base (``_util``, ``checkpoint``, ``metrics``), the concepts
 (``random_weighting``, ``awr``, ``curriculum``, ``maxent``, ``preference``, ``sync``,
-``distributed``), ``interop``, ``demos``, the CLI. Imports inside functions count too, and
-an import of a package counts as an import of its ``__init__``.
+``distributed``), ``interop``, the demos floor (``demos`` and host apps such as the labelling
+page, ``label``), the CLI.
+
+The graph is one of files (modules): every import statement counts, those inside functions
+and those under ``if TYPE_CHECKING:`` too (an annotation-only import still ties two files
+together, and "0 import circles at file level" admits no exception). An import of a package
+counts as an import of its ``__init__``; inside a package, ``from . import name`` of a name the
+``__init__`` re-exports counts as an import of the file that defines it.
 """
 
 from __future__ import annotations
@@ -15,8 +21,9 @@ PKG = Path(__file__).resolve().parents[1] / "jaxweight"
 
 BASE = {"_util", "checkpoint", "metrics"}
 CONCEPTS = {"random_weighting", "awr", "curriculum", "maxent", "preference", "sync", "distributed"}
-LAYER = {**{m: 0 for m in BASE}, **{m: 1 for m in CONCEPTS}, "interop": 2, "demos": 3, "cli": 4,
-         "__main__": 4}
+HOST_APPS = {"label"}  # packages of their own on the demos floor: they use concepts, concepts never use them
+LAYER = {**{m: 0 for m in BASE}, **{m: 1 for m in CONCEPTS}, "interop": 2, "demos": 3,
+         **{m: 3 for m in HOST_APPS}, "cli": 4, "__main__": 4}
 
 
 def _modname(path: Path) -> str:
@@ -54,41 +61,51 @@ def _resolve(mod: str, is_pkg: bool, node: ast.ImportFrom | ast.Import, known: s
     return out
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+def _imports(mod: str, path: Path, known: set[str]):
+    """``(node, resolved targets)`` of every import statement of a file (all of them: in
+    functions, under ``if TYPE_CHECKING:``, anywhere)."""
+    is_pkg = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node, _resolve(mod, is_pkg, node, known)
 
 
-def _runtime_nodes(tree: ast.AST):
-    """Every node except the bodies of ``if TYPE_CHECKING:`` (imports for annotations only)."""
-    todo = [tree]
-    while todo:
-        node = todo.pop()
-        yield node
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child.test):
-                todo.extend(child.orelse)
-                continue
-            todo.append(child)
+def _reexports(mods: dict[str, Path]) -> dict[str, dict[str, set[str]]]:
+    """For each package: the names its ``__init__`` imports from other files -> those files."""
+    known = set(mods)
+    out: dict[str, dict[str, set[str]]] = {}
+    for mod, path in mods.items():
+        if path.name != "__init__.py":
+            continue
+        names: dict[str, set[str]] = {}
+        for node, targets in _imports(mod, path, known):
+            if isinstance(node, ast.ImportFrom) and targets and targets[0] in known and targets[0] != mod:
+                for a in node.names:
+                    names.setdefault(a.asname or a.name, set()).add(targets[0])
+        out[mod] = names
+    return out
 
 
 def _graph() -> dict[str, set[str]]:
     mods = _modules()
     known = set(mods)
+    reexports = _reexports(mods)
     graph: dict[str, set[str]] = {}
     for mod, path in mods.items():
-        is_pkg = path.name == "__init__.py"
         deps: set[str] = set()
-        for node in _runtime_nodes(ast.parse(path.read_text(), filename=str(path))):
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                for t in _resolve(mod, is_pkg, node, known):
-                    # importing a.b.c runs a/__init__, a/b/__init__ too
-                    parts = t.split(".")
-                    for k in range(2, len(parts) + 1):
-                        name = ".".join(parts[:k])
-                        # a package's own __init__ is already running when its submodule loads
-                        if name in known and name != mod and not mod.startswith(name + "."):
-                            deps.add(name)
+        for node, targets in _imports(mod, path, known):
+            for t in targets:
+                # importing a.b.c runs a/__init__, a/b/__init__ too
+                parts = t.split(".")
+                for k in range(2, len(parts) + 1):
+                    name = ".".join(parts[:k])
+                    # a package's own __init__ is already running when its submodule loads ...
+                    if name in known and name != mod and not mod.startswith(name + "."):
+                        deps.add(name)
+                # ... so a name taken from it comes from the file that defines it
+                if isinstance(node, ast.ImportFrom) and mod.startswith(t + ".") and t in reexports:
+                    for a in node.names:
+                        deps |= reexports[t].get(a.name, set()) - {mod}
         graph[mod] = deps
     return graph
 
@@ -138,7 +155,50 @@ def test_graph_is_read():
 
 
 def test_no_import_cycles():
-    assert _cycles(_graph()) == []
+    """No circle of files, also inside a package and through annotation-only imports."""
+    cycles = _cycles(_graph())
+    assert cycles == [], "import cycles (each a set of files that import each other): " + "; ".join(
+        " <-> ".join(c) for c in cycles)
+
+
+def _graph_of(files: dict[str, str], tmp_path: Path) -> dict[str, set[str]]:
+    """The import graph of a throwaway package ``jaxweight`` made of ``files`` (path -> source)."""
+    global PKG
+    for rel, src in files.items():
+        f = tmp_path / "jaxweight" / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(src)
+    old, PKG = PKG, tmp_path / "jaxweight"
+    try:
+        return _graph()
+    finally:
+        PKG = old
+
+
+def test_cycles_are_found_at_file_level(tmp_path):
+    """The detector itself: circles inside one package, through TYPE_CHECKING, in functions and
+    through a name an ``__init__`` re-exports are all found; a plain chain is not a circle."""
+    g = _graph_of({
+        "__init__.py": "",
+        "pkg/__init__.py": "from .a import fa\nfrom .b import fb\n",
+        "pkg/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import fb\ndef fa(): ...\n",
+        "pkg/b.py": "from .c import fc\ndef fb():\n    from . import fa\n",
+        "pkg/c.py": "def fc(): ...\n",
+        "other/__init__.py": "",
+        "other/x.py": "def g():\n    from ..other import y\n",
+        "other/y.py": "from jaxweight.other import x\n",
+        "chain/__init__.py": "",
+        "chain/p.py": "from . import q\n",
+        "chain/q.py": "from jaxweight.pkg import c\n",
+    }, tmp_path)
+    assert g["jaxweight.pkg.a"] == {"jaxweight.pkg.b"}              # under TYPE_CHECKING
+    assert g["jaxweight.pkg.b"] == {"jaxweight.pkg.c", "jaxweight.pkg.a"}   # re-exported name -> its file
+    assert sorted(_cycles(g)) == [["jaxweight.other.x", "jaxweight.other.y"], ["jaxweight.pkg.a", "jaxweight.pkg.b"]]
+
+
+def test_host_apps_sit_on_the_demos_floor():
+    """A host app (the labelling page) may import concepts; no concept may import it."""
+    assert LAYER["label"] == LAYER["demos"] > max(LAYER[c] for c in CONCEPTS)
 
 
 def test_imports_run_down_the_layers():

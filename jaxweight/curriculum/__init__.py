@@ -8,8 +8,9 @@ Prioritized Level Replay, Jiang et al. 2021). :func:`update` applies a batch in
 O(B) work, independent of N, when the state is donated; :func:`sample` draws
 items through a tree of per-block bin counts. String keys: :class:`KeyIndex`;
 atropos's JSON format: :mod:`jaxweight.interop.atropos`; sharded pools:
-:func:`shard_state`. Bad scores and ids are skipped and counted
-(:class:`UpdateStats`); a batch with no valid entry leaves the state unchanged.
+:func:`shard_state`. Bad scores, and ids outside ``[0, N)`` under ``jax.jit``, are
+skipped and counted (:class:`UpdateStats`; concrete out-of-range ids raise); a batch
+with no valid entry leaves the state unchanged.
 
 Example::
 

@@ -60,7 +60,7 @@ class CurriculumConfig:
 
 _LEAF_CHECKS = {
     "temperature": dict(gt=0.0),
-    "ema_alpha": dict(gt=0.0, le=1.0),  # 0 would freeze every EMA at its first score
+    "ema_alpha": dict(ge=0.0, le=1.0),  # 0 (atropos accepts it): every EMA stays at its first score
     "competence_threshold": dict(ge=0.0, le=1.0),  # a success rate, like atropos's
     "rebin_interval": dict(ge=1, le=2**31 - 1, integer=True),
     "competence_c0": dict(gt=0.0, le=1.0),
@@ -111,8 +111,8 @@ def config(
       temperature: sampling temperature, finite and > 0. As in atropos, it
         is used as ``max(0.01, temperature)`` (stored that way, and clamped
         again at every use, so traced values obey it too).
-      ema_alpha: EMA weight of a new score, in (0, 1] (0 would freeze every EMA at
-        its first score).
+      ema_alpha: EMA weight of a new score, in [0, 1]. 0 is atropos's meaning
+        too: an item's EMA stays at its first score (its count still grows).
       competence_threshold: target EMA (a success rate) of ``priority="frontier"``,
         in [0, 1]; kept and saved for atropos compatibility (atropos never reads it).
       rebin_interval: integer >= 1; boundaries are recomputed when
@@ -132,7 +132,7 @@ def config(
     Raises:
       ValueError: unknown strategy (same message as atropos), ``n_bins < 1``
         (``"n_bins must be >= 1, got 0"``), ``capacity < 1``, a temperature
-        that is not finite and > 0, ``ema_alpha`` outside (0, 1],
+        that is not finite and > 0, ``ema_alpha`` outside [0, 1],
         ``rebin_interval < 1`` or not an integer, ``competence_c0`` outside
         (0, 1], ``staleness_coeff`` outside [0, 1], ``competence_threshold``
         outside [0, 1] or an unknown ``priority``.

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 Array = jax.Array
+
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def _desc_keys(x: Array) -> Array:
@@ -119,23 +122,31 @@ def _compute_boundaries(ema: Array, count: Array, n_bins: int) -> tuple[Array, A
     """atropos ``_recompute_bins`` over the tracked items: (f32[n_bins], bool[])."""
     tracked = count > 0
     n = jnp.sum(tracked, dtype=jnp.int32)
-    mx = jnp.max(jnp.where(tracked, ema, -jnp.inf))
-    mn = jnp.min(jnp.where(tracked, ema, jnp.inf))
+    # max / min over the (finite) tracked EMAs with float32's extremes as neutral
+    # elements, and 0 with nothing tracked: no inf ever appears (jax_debug_infs)
+    big = jnp.float32(_F32_MAX)
+    mx = jnp.where(n > 0, jnp.max(jnp.where(tracked, ema, -big)), jnp.float32(0.0))
+    mn = jnp.where(n > 0, jnp.min(jnp.where(tracked, ema, big)), jnp.float32(0.0))
     i = jnp.arange(n_bins, dtype=jnp.int32)
     # XLA turns a division by a constant into a multiplication by its
     # reciprocal (not exact); dividing by a value it cannot fold keeps the
     # IEEE quotient atropos computes.
     nbf = jnp.where(n >= 0, jnp.float32(n_bins), jnp.float32(1.0))
-    step_ = (mx - mn) / nbf
-    spaced = jnp.where(mx == mn, mn, _add_rounded(-(i.astype(jnp.float32) * step_), mx))
-    # EMAs near the float32 limits (|x| ~ 3e38): max - min overflows; the same
-    # spacing computed at half scale stays finite (only used where the direct one is not).
+    # EMAs near the float32 limits (|x| ~ 3e38): max - min would overflow (exactly when
+    # the halved difference, computed without rounding loss there, exceeds max/2); the
+    # same spacing is then computed at half scale, and the direct one from zeros.
+    over = 0.5 * mx - 0.5 * mn > jnp.float32(_F32_MAX / 2)
+    mxd, mnd = jnp.where(over, 0.0, mx), jnp.where(over, 0.0, mn)
+    step_ = (mxd - mnd) / nbf
+    spaced = jnp.where(mxd == mnd, mnd, _add_rounded(-(i.astype(jnp.float32) * step_), mxd))
     half = 0.5 * mx - i.astype(jnp.float32) * (0.5 * mx / nbf - 0.5 * mn / nbf)
-    spaced = jnp.where(jnp.isfinite(spaced), spaced, jnp.clip(half, -1.7e38, 1.7e38) * 2.0)
+    spaced = jnp.where(over, jnp.clip(half, -1.7e38, 1.7e38) * 2.0, spaced)
     # floor(i * n / n_bins) without overflowing int32 for large pools
     q, r = n // n_bins, n % n_bins
     ranks = jnp.minimum(i * q + (i * r) // n_bins, jnp.maximum(n - 1, 0))
-    quant = _from_desc_keys(_select_desc(_desc_keys(ema), tracked, ranks))
+    sel = _select_desc(_desc_keys(ema), tracked, ranks)
+    # with nothing tracked the selection is meaningless (possibly a NaN bit pattern): read 0.0
+    quant = _from_desc_keys(jnp.where(n > 0, sel, _desc_keys(jnp.zeros((), jnp.float32))))
     b = jnp.where(n < n_bins, spaced, quant)
     b = jnp.where(n > 0, b, jnp.float32(0.0))
     return b.astype(jnp.float32), n > 0

@@ -46,7 +46,9 @@ def step(state: CurriculumState, key: Any, item_ids: Any, scores: Any, cfg: Curr
       state: the scheduler state.
       key: PRNG key or int seed for the sampling.
       item_ids: i32[B] ids of the last batch.
-      scores: f32[B] their rewards (NaN/inf and out-of-range ids skipped and counted).
+      scores: f32[B] their rewards (NaN/inf skipped and counted; an id outside
+        ``[0, N)`` raises ``ValueError`` when concrete and is skipped and
+        counted when traced, as in :func:`~jaxweight.curriculum.update`).
       cfg: the config.
       num: size of the next batch (static).
       step, total_steps: training progress (finite); required by the

@@ -11,7 +11,7 @@ from jax import lax
 
 from .._util import as_key, check_static_int, check_value
 from ._config import CurriculumConfig, _check_state, _temperature
-from ._select import _bins_of
+from ._select import _bins_of, _desc_keys
 from ._tree import _block_counts, _block_sums, _choose, _descend, _tree
 from .state import CurriculumState, bin_boundaries
 
@@ -135,7 +135,10 @@ def sample_bin(key: Any, cfg: CurriculumConfig, *, step: Any = None, total_steps
     shape = tuple(shape)
     if cfg.strategy == "uniform":
         return jax.random.randint(key, shape, 0, cfg.n_bins, dtype=jnp.int32)
-    logp = jnp.log(bin_probabilities(cfg, step=step, total_steps=total_steps))
+    p = bin_probabilities(cfg, step=step, total_steps=total_steps)
+    # log 0 as a large finite negative instead of -inf (jax_debug_infs): with a Gumbel draw of at
+    # most ~17 and log p >= -104 for any p > 0, such a bin never wins, as with -inf
+    logp = jnp.where(p > 0, jnp.log(jnp.where(p > 0, p, 1.0)), jnp.float32(-1e30))
     return jnp.clip(jax.random.categorical(key, logp, shape=shape), 0, cfg.n_bins - 1).astype(jnp.int32)
 
 
@@ -162,7 +165,7 @@ def _restrict(p: Array, nonempty: Array) -> Array:
     tot = jnp.sum(pr)
     i = jnp.arange(n)
     dist = jnp.abs(i[:, None] - i[None, :]).astype(jnp.float32)
-    dist = jnp.where(nonempty[None, :], dist, jnp.inf)
+    dist = jnp.where(nonempty[None, :], dist, jnp.float32(n))  # farther than any bin (no inf)
     nearest = jnp.argmin(dist, axis=1)  # ties go to the easier bin
     moved = jnp.zeros((n,), jnp.float32).at[nearest].add(p)
     mtot = jnp.sum(moved)
@@ -270,8 +273,10 @@ def _sample_prioritized(key, state, cfg, num, elig):
     n = cfg.capacity
     cand = elig & (state.count > 0)
     n_cand = jnp.sum(cand, dtype=jnp.int32)
-    sk = jnp.where(cand, _priority_key(state.ema, cfg), jnp.inf)
-    sk = jnp.where(sk == 0, jnp.float32(0.0), sk)  # -0.0 and +0.0 tie (lower id first)
+    # ascending order of the score key as u32 (-0.0 and +0.0 tie: lower id first); the
+    # others go last with the largest key (no +inf sentinel, so jax_debug_infs holds)
+    sk = jnp.where(cand, ~_desc_keys(_priority_key(jnp.where(cand, state.ema, 0.0), cfg)),
+                   jnp.uint32(0xFFFFFFFF))
     _, order = lax.sort((sk, jnp.arange(n, dtype=jnp.int32)), num_keys=2)
     r = jnp.arange(n, dtype=jnp.float32)
     rank_w = jnp.where(r < n_cand, jnp.exp(-jnp.log1p(r) / _temperature(cfg)), 0.0)

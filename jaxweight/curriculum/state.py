@@ -10,7 +10,7 @@ import numpy as np
 from flax import struct
 from jax import lax
 
-from .._util import check_rank
+from .._util import as_f32, check_rank, concrete
 from ..metrics import flatten
 from ._apply import _apply
 from ._config import CurriculumConfig, _alpha, _check_state
@@ -121,12 +121,17 @@ def bin_boundaries(state: CurriculumState, cfg: CurriculumConfig) -> Array:
 
 
 # ====================================================================== update
-def _as_numbers(x: Any, name: str) -> Array:
-    """``x`` as a jax array, or a ValueError naming it when it holds no numbers."""
+def _check_numbers(x: Any, name: str) -> None:
+    """A ValueError naming ``x`` when it is host data that holds no numbers."""
     if not isinstance(x, jax.Array | jax.core.Tracer):
         a = np.asarray(x)
         if a.dtype.kind not in "biuf":
             raise ValueError(f"{name} must be numbers, got dtype {a.dtype}")
+
+
+def _as_numbers(x: Any, name: str) -> Array:
+    """``x`` as a jax array, or a ValueError naming it when it holds no numbers."""
+    _check_numbers(x, name)
     return jnp.asarray(x)
 
 
@@ -137,11 +142,38 @@ def _check_ids(item_ids: Any, name: str) -> Array:
     return ids.astype(jnp.int32)
 
 
+def _check_ids_in_range(item_ids: Any, mask: Any, capacity: int) -> None:
+    """Refuse concrete masked-in ids outside ``[0, capacity)`` (traced ones are skipped and counted).
+
+    Only entries the mask keeps (rows with any kept entry for f32[P, G] scores) are
+    checked, so masked-out padding may carry any id (e.g. -1); a traced mask skips the check.
+    """
+    ids = concrete(item_ids)
+    if ids is None or ids.ndim != 1 or ids.dtype.kind not in "biu":
+        return
+    keep = np.ones(ids.shape, bool)
+    if mask is not None:
+        m = concrete(mask)
+        if m is None:
+            return
+        m = np.asarray(m, bool)
+        keep = m.reshape(m.shape[0], -1).any(axis=1) if m.ndim == 2 else m
+    ids = ids.astype(np.int64)
+    bad = keep & ((ids < 0) | (ids >= capacity))
+    if np.any(bad):
+        i = int(np.argmax(bad))
+        raise ValueError(
+            f"item_ids must be in [0, {capacity}) (the pool capacity is {capacity}), got item_ids[{i}]="
+            f"{int(ids[i])} ({int(bad.sum())} of {ids.size} out of range); mask out padding entries "
+            f"with mask=")
+
+
 def _prepare(item_ids: Any, scores: Any, mask: Any):
     """Checked ``(ids i32[B], scores f32[B] or f32[B, G], mask or None)`` of a batch (shapes, dtypes)."""
     ids = _check_ids(item_ids, "item_ids")
     check_rank(ids, 1, "item_ids")
-    scores = _as_numbers(scores, "scores").astype(jnp.float32)
+    _check_numbers(scores, "scores")
+    scores = as_f32(scores)   # host data without a conversion op (its NaNs are bad data, skipped)
     check_rank(scores, (1, 2), "scores")
     if scores.shape[0] != ids.shape[0]:
         raise ValueError(
@@ -168,8 +200,11 @@ def update(state: CurriculumState, item_ids: Any, scores: Any, cfg: CurriculumCo
     An entry is applied iff ``mask`` holds, its score is finite and
     ``0 <= id < N``; others are skipped and add no count (count them with
     :func:`batch_stats`, or use :func:`~jaxweight.curriculum.step`, which
-    reports them). Applied entries go in array order (duplicate ids see the
-    earlier entries' result)::
+    reports them). An id outside ``[0, N)`` is a caller's bug: when the ids
+    are concrete (an eager call) a masked-in one raises ``ValueError``; traced
+    ones (under ``jax.jit``) are skipped and counted as ``n_out_of_range``.
+    Masked-out entries may carry any id (padding). Applied entries go in
+    array order (duplicate ids see the earlier entries' result)::
 
         untracked: ema = score;                   count = 1
         tracked:   ema = a*score + (1 - a)*ema;   count += 1
@@ -193,8 +228,10 @@ def update(state: CurriculumState, item_ids: Any, scores: Any, cfg: CurriculumCo
       The new state.
 
     Raises:
-      ValueError: wrong ranks/shapes, non-integer ids, or a state whose
-        capacity or bin count is not the config's.
+      ValueError: wrong ranks/shapes, non-integer ids, a concrete masked-in id
+        outside ``[0, N)`` (``"item_ids must be in [0, 100) (the pool capacity
+        is 100), got item_ids[1]=100 ..."``), or a state whose capacity or bin
+        count is not the config's.
 
     Example::
 
@@ -211,7 +248,10 @@ def update(state: CurriculumState, item_ids: Any, scores: Any, cfg: CurriculumCo
     if scores.ndim != 1:
         raise ValueError(f"scores must have rank 1 like item_ids (shape {ids.shape}), got shape "
                          f"{scores.shape}; use update_groups for [P, G] group scores")
-    return _apply_and_rebin(state, ids, scores, _valid_entries(ids, scores, cfg, mask), cfg)
+    _check_ids_in_range(item_ids, mask, cfg.capacity)
+    valid = _valid_entries(ids, scores, cfg, mask)
+    # skipped scores are zeroed at once, so no NaN reaches an op (runs under jax_debug_nans)
+    return _apply_and_rebin(state, ids, jnp.where(valid, scores, 0.0), valid, cfg)
 
 
 def _valid_entries(ids, scores, cfg, mask):
@@ -264,6 +304,10 @@ def update_groups(state: CurriculumState, item_ids: Any, scores: Any, cfg: Curri
     Returns:
       The new state (rows applied in order, rebin check once after).
 
+    Raises:
+      ValueError: as :func:`update`; a concrete id outside ``[0, N)`` of a row
+        with a masked-in entry is refused, traced ones are skipped and counted.
+
     Example::
 
         import jax.numpy as jnp
@@ -277,6 +321,7 @@ def update_groups(state: CurriculumState, item_ids: Any, scores: Any, cfg: Curri
     ids, scores, mask = _prepare(item_ids, scores, mask)
     if scores.ndim != 2:
         raise ValueError(f"scores must have shape ({ids.shape[0]}, G), got {scores.shape}")
+    _check_ids_in_range(item_ids, mask, cfg.capacity)
     mean, valid = _group_rows(ids, scores, cfg, mask)
     return _apply_and_rebin(state, ids, mean, valid, cfg)
 
@@ -342,14 +387,15 @@ def difficulty(state: CurriculumState, item_ids: Any) -> tuple[Array, Array]:
       item_ids: i32[...] ids (out-of-range ids count as untracked).
 
     Returns:
-      ``(ema f32[...], tracked bool[...])``; ``ema`` is NaN where not tracked.
+      ``(ema f32[...], tracked bool[...])``; ``ema`` is 0 where not tracked
+      (``tracked`` says which entries are measured; no NaN sentinel).
     """
     ids = _check_ids(item_ids, "item_ids")
     n = state.ema.shape[-1]
     inr = (ids >= 0) & (ids < n)
     safe = jnp.where(inr, ids, 0)
     tracked = inr & (state.count[safe] > 0)
-    return jnp.where(tracked, state.ema[safe], jnp.nan), tracked
+    return jnp.where(tracked, state.ema[safe], jnp.float32(0.0)), tracked
 
 
 def item_bin(state: CurriculumState, item_ids: Any, cfg: CurriculumConfig) -> Array:
@@ -370,7 +416,7 @@ def item_bin(state: CurriculumState, item_ids: Any, cfg: CurriculumConfig) -> Ar
     """
     ema, tracked = difficulty(state, item_ids)
     b = bin_boundaries(state, cfg)
-    return _bins_of(jnp.where(tracked, ema, 0.0), tracked, b, cfg.n_bins)
+    return _bins_of(ema, tracked, b, cfg.n_bins)
 
 
 # ===================================================================== metrics
@@ -379,7 +425,8 @@ def metrics(state: CurriculumState, cfg: CurriculumConfig) -> dict[str, Array]:
 
     Returns:
       ``items_tracked`` i32[], ``mean_difficulty`` / ``min_difficulty`` /
-      ``max_difficulty`` f32[] over tracked EMAs (NaN with nothing tracked),
+      ``max_difficulty`` f32[] over tracked EMAs (0 with nothing tracked:
+      ``items_tracked == 0`` says so; no NaN or inf sentinel),
       ``total_updates`` i32[], ``bin_<i>_count`` i32[] (tracked items per
       *stored* bin; 0 without stored boundaries) and ``has_boundaries`` bool[].
     """
@@ -388,11 +435,13 @@ def metrics(state: CurriculumState, cfg: CurriculumConfig) -> dict[str, Array]:
     n = jnp.sum(tracked, dtype=jnp.int32)
     any_ = n > 0
     mean = jnp.sum(jnp.where(tracked, state.ema, 0.0)) / jnp.maximum(n, 1).astype(jnp.float32)
+    # the neutral elements of min / max over finite EMAs: float32's extremes, not +-inf
+    zero, big = jnp.float32(0.0), jnp.float32(np.finfo(np.float32).max)
     out = {
         "items_tracked": n,
-        "mean_difficulty": jnp.where(any_, mean, jnp.nan),
-        "min_difficulty": jnp.where(any_, jnp.min(jnp.where(tracked, state.ema, jnp.inf)), jnp.nan),
-        "max_difficulty": jnp.where(any_, jnp.max(jnp.where(tracked, state.ema, -jnp.inf)), jnp.nan),
+        "mean_difficulty": jnp.where(any_, mean, zero),
+        "min_difficulty": jnp.where(any_, jnp.min(jnp.where(tracked, state.ema, big)), zero),
+        "max_difficulty": jnp.where(any_, jnp.max(jnp.where(tracked, state.ema, -big)), zero),
         "total_updates": state.total_updates,
     }
     bins = _bins_of(state.ema, tracked, state.boundaries, cfg.n_bins)

@@ -112,8 +112,8 @@ class ComponentWeightingState:
 # ---------------------------------------------------------------- X-ray scale
 def _scalar_f32(x: Any, name: str) -> Array:
     try:
-        a = jnp.asarray(x, jnp.float32)
-    except TypeError as e:
+        a = _util.as_f32(x)   # a NaN loss (bad data) reaches the device without a checked op
+    except (TypeError, ValueError) as e:
         raise ValueError(f"{name} must be a number: {e}") from None
     if a.shape != ():
         raise ValueError(f"{name} must be a scalar (shape ()), got shape {a.shape}")
@@ -174,7 +174,7 @@ def xray_scale_step(state: XrayScaleState, xray_loss: Any, cfg: XrayScaleConfig)
     Later losses are ignored (the original docstring's "current loss"
     notwithstanding). A non-finite ``xray_loss`` (bad data) leaves the state
     exactly unchanged and returns the current (finite) weight, initialised or not.
-    If ``L0 + 1e-6 == 0`` the target is +inf and lands on ``max_weight``.
+    If ``L0 + 1e-6 == 0`` the target (``target_scale / 0``) lands on ``max_weight``.
 
     Args:
       state: from :func:`xray_scale_init`.
@@ -187,7 +187,10 @@ def xray_scale_step(state: XrayScaleState, xray_loss: Any, cfg: XrayScaleConfig)
     loss = _scalar_f32(xray_loss, "xray_loss")
     skip = ~jnp.isfinite(loss)
     L0 = jnp.where(state.initialized | skip, state.initial_loss, loss)
-    t = jnp.clip(cfg.target_scale / (L0 + np.float32(1e-6)), cfg.min_weight, cfg.max_weight)
+    den = L0 + np.float32(1e-6)
+    # target / 0 = +inf clips to max_weight: taken directly, so no inf appears (jax_debug_infs)
+    t = jnp.where(den == 0, cfg.max_weight,
+                  jnp.clip(cfg.target_scale / jnp.where(den == 0, 1.0, den), cfg.min_weight, cfg.max_weight))
     w = cfg.smoothing * state.weight + (1 - cfg.smoothing) * t
     w = jnp.where(skip, state.weight, w)
     return XrayScaleState(weight=w, initial_loss=L0, initialized=state.initialized | ~skip), w
@@ -215,7 +218,7 @@ def combine(*named: Mapping[str, Any]) -> dict[str, Array]:
         for k, v in m.items():
             if not isinstance(k, str):
                 raise ValueError(f"combine: argument {i} has a non-string key {k!r}")
-            v = jnp.asarray(v, jnp.float32)
+            v = _util.as_f32(v)
             out[k] = out[k] * v if k in out else v
     return out
 

@@ -45,10 +45,9 @@ BAD_HYPER = [
     ("temperature", -1.0, "temperature must be finite and > 0.0"),
     ("temperature", NAN, "temperature must be finite and > 0.0"),
     ("temperature", INF, "temperature must be finite and > 0.0"),
-    ("ema_alpha", 1.5, "ema_alpha must be finite and in (0.0, 1.0]"),
-    ("ema_alpha", -0.1, "ema_alpha must be finite and in (0.0, 1.0]"),
-    ("ema_alpha", NAN, "ema_alpha must be finite and in (0.0, 1.0]"),
-    ("ema_alpha", 0.0, "ema_alpha must be finite and in (0.0, 1.0], got 0.0"),
+    ("ema_alpha", 1.5, "ema_alpha must be finite and in [0.0, 1.0]"),
+    ("ema_alpha", -0.1, "ema_alpha must be finite and in [0.0, 1.0], got -0.1"),
+    ("ema_alpha", NAN, "ema_alpha must be finite and in [0.0, 1.0]"),
     ("competence_c0", 0.0, "competence_c0 must be finite and in (0.0, 1.0]"),
     ("competence_c0", 1.5, "competence_c0 must be finite and in (0.0, 1.0]"),
     ("competence_c0", NAN, "competence_c0 must be finite and in (0.0, 1.0]"),
@@ -225,22 +224,61 @@ def test_nan_config_leaves_under_jit_never_give_out_of_range_ids(strategy, field
 
 
 # ============================================================ item ids
+def _call(call, cfg, ids, mask=None):
+    """``(state -> new state)`` of one batch with ids ``ids`` through ``call``."""
+    b = len(ids)
+    if call == "update":
+        return lambda s: cur.update(s, ids, np.linspace(0.1, 0.2, b, dtype=np.float32), cfg, mask=mask)
+    if call == "update_groups":
+        return lambda s: cur.update_groups(s, ids, np.ones((b, 3), np.float32), cfg, mask=mask)
+    return lambda s: cur.step(s, 0, ids, np.linspace(0.1, 0.2, b, dtype=np.float32), cfg, num=4, mask=mask)[0]
+
+
 @pytest.mark.parametrize("call", ["update", "update_groups", "step"])
-@pytest.mark.parametrize("bad_id", [-1, N, 2**20])
-def test_out_of_range_ids_skipped_eagerly_as_under_jit(call, bad_id):
-    """Bad data is skipped and counted, never raised: eager and jitted calls agree."""
+@pytest.mark.parametrize("bad_id", [-1, N, 2**20, 2**31 - 1])
+def test_out_of_range_ids_concrete_raise_naming_value_and_capacity(call, bad_id):
+    """A concrete id outside [0, capacity) is a caller's bug: ValueError naming item_ids, the value
+    and the capacity, before anything is applied."""
     cfg = cur.config("uniform", 5, capacity=N)
     s = cur.init(cfg)
-    ids = np.array([0, bad_id])
-    if call == "update":
-        fn = lambda s: cur.update(s, ids, np.array([0.1, 0.2], np.float32), cfg)  # noqa: E731
-    elif call == "update_groups":
-        fn = lambda s: cur.update_groups(s, ids, np.ones((2, 3), np.float32), cfg)  # noqa: E731
-    else:
-        fn = lambda s: cur.step(s, 0, ids, np.array([0.1, 0.2], np.float32), cfg, num=4)[0]  # noqa: E731
-    got, want = fn(s), jax.jit(fn)(s)
-    _same(got, want)
-    assert int(got.total_updates) == 1 and int(got.count[0]) == 1
+    with pytest.raises(ValueError, match=rf"item_ids must be in \[0, {N}\) \(the pool capacity is {N}\), "
+                                         rf"got item_ids\[1\]={bad_id} \(1 of 3 out of range\)"):
+        _call(call, cfg, np.array([0, bad_id, 2]))(s)
+
+
+@pytest.mark.parametrize("call", ["update", "update_groups", "step"])
+def test_out_of_range_ids_concrete_masked_out_are_padding(call):
+    """Masked-out entries may carry any id (e.g. -1 padding): no error, nothing applied for them."""
+    cfg = cur.config("uniform", 5, capacity=N)
+    s0 = cur.init(cfg)
+    ids, mask = np.array([0, -1, 2**31 - 1, 3]), np.array([True, False, False, True])
+    got = _call(call, cfg, ids, mask)(s0)
+    np.testing.assert_array_equal(got.count, [1, 0, 0, 1, 0, 0, 0, 0])
+    # the masked-in ones are still checked
+    with pytest.raises(ValueError, match=r"item_ids\[1\]=-1"):
+        _call(call, cfg, ids, np.array([True, True, False, True]))(s0)
+
+
+@pytest.mark.parametrize("call", ["update", "update_groups", "step"])
+@pytest.mark.parametrize("bad_id", [-1, N, 2**20, 2**31 - 1])
+def test_out_of_range_ids_traced_are_masked_and_counted(call, bad_id):
+    """Under jax.jit the ids are not known: out-of-range ones are skipped (state unchanged for
+    them, exactly as if the entry were absent) and counted as n_out_of_range / n_invalid."""
+    cfg = cur.config("uniform", 5, capacity=N)
+    s0 = _tracked_state(cfg)
+    ids = jnp.array([1, bad_id, 4], jnp.int32)
+    got = jax.jit(lambda s, ids: _call(call, cfg, ids)(s))(s0, ids)   # traced ids (a closure's are concrete)
+    # the same batch without the bad entry (its scores: linspace(0.1, 0.2) of 3 without the middle one)
+    _same(got, _call(call, cfg, np.array([1, 4]))(s0))
+    assert int(got.total_updates) == int(s0.total_updates) + 2
+    scores = jnp.ones((3, 2), jnp.float32) if call == "update_groups" else jnp.ones((3,), jnp.float32)
+    stats = jax.jit(cur.batch_stats)(ids, scores, cfg)
+    assert (int(stats.n_applied), int(stats.n_invalid), int(stats.n_out_of_range)) == (2, 1, 1)
+    if call == "step":   # the step's own metrics count it
+        step = jax.jit(cur.step, static_argnames="num")
+        _, out = step(s0, 0, ids, jnp.full((3,), 0.5, jnp.float32), cfg, num=4)
+        assert out.to_dict() == {"curriculum/n_applied": 2.0, "curriculum/n_invalid": 1.0,
+                                 "curriculum/n_nonfinite": 0.0, "curriculum/n_out_of_range": 1.0}
 
 
 @pytest.mark.parametrize("groups", [False, True])

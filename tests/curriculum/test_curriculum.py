@@ -279,6 +279,54 @@ def test_example6_update_groups():
 
 
 # ============================================================== atropos parity
+def _atropos_update(item_scores: dict, item_key, score, ema_alpha) -> None:
+    """atropos ``CurriculumScheduler.update`` (atroposlib/envs/curriculum.py, PR #428), transcribed
+    line for line with float32 numbers (no clipping, no special case of ``ema_alpha``)."""
+    if item_key in item_scores:
+        old_ema, count = item_scores[item_key]
+        new_ema = ema_alpha * score + (F32(1) - ema_alpha) * old_ema
+        item_scores[item_key] = (F32(new_ema), count + 1)
+    else:
+        item_scores[item_key] = (F32(score), 1)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_ema_alpha_zero_keeps_each_first_score_as_atropos(batched):
+    """``ema_alpha=0`` is accepted as atropos accepts it: every EMA stays at the item's first
+    score while its count grows; one batch or one update at a time, eager or jitted."""
+    n, steps = 12, 60
+    rng = np.random.default_rng(7)
+    ids = rng.integers(0, n, steps).astype(np.int32)
+    scores = rng.normal(size=steps).astype(F32)
+    cfg = cur.config("uniform", 5, capacity=n, ema_alpha=0.0)
+    assert float(cfg.ema_alpha) == 0.0
+    want: dict = {}
+    for k, x in zip(ids.tolist(), scores):
+        _atropos_update(want, k, x, F32(0.0))
+    if batched:
+        s = cur.update(cur.init(cfg), ids, scores, cfg)
+        sj = _UP(cur.init(cfg), jnp.asarray(ids), jnp.asarray(scores), cfg)
+        np.testing.assert_array_equal(sj.ema, s.ema)
+    else:
+        s = cur.init(cfg)
+        for k, x in zip(ids, scores):
+            s = _UP(s, jnp.array([k]), jnp.array([x]), cfg)
+    ema, cnt = np.zeros(n, F32), np.zeros(n, np.int32)
+    for k, (e, c) in want.items():
+        ema[k], cnt[k] = e, c
+    np.testing.assert_array_equal(s.ema, ema)
+    np.testing.assert_array_equal(s.count, cnt)
+    first = {int(k): scores[j] for j, k in reversed(list(enumerate(ids)))}   # each id's first score
+    np.testing.assert_array_equal(ema[list(first)], [first[k] for k in first])
+    # the same oracle as the other parity tests, at alpha 0 (rebins included: a batch checks once)
+    ref = AtroposRef(5, 0.0, 50)
+    for k, x in zip(ids.tolist(), scores):
+        (ref.apply if batched else ref.update)(k, x)
+    if batched:
+        ref.rebin_check()
+    assert_state_matches(s, ref, n)
+
+
 @pytest.mark.parametrize("n_bins, alpha, interval", [(5, 0.3, 50), (3, 0.77, 7)])
 def test_single_updates_match_atropos_bit_for_bit(n_bins, alpha, interval):
     """Random sequences of B = 1 updates: EMAs, counts, boundaries and bins equal the oracle exactly."""
@@ -394,15 +442,18 @@ def test_out_of_range_ids_traced_are_ignored():
     np.testing.assert_array_equal(s.count, [0, 1, 0, 0, 0, 0])
 
 
-def test_out_of_range_ids_concrete_are_ignored_too():
+def test_out_of_range_ids_concrete_are_refused():
     cfg = cur.config("uniform", 5, capacity=6)
     s0 = cur.init(cfg)
-    s = cur.update(s0, np.array([1, 6]), np.ones(2, F32), cfg)
-    np.testing.assert_array_equal(s.count, [0, 1, 0, 0, 0, 0])
-    s = cur.update(s0, [-1], [1.0], cfg)
-    assert int(s.total_updates) == 0
-    s = cur.update_groups(s0, np.array([9]), np.ones((1, 2), F32), cfg)
-    assert int(s.total_updates) == 0
+    with pytest.raises(ValueError, match=r"item_ids must be in \[0, 6\).*got item_ids\[1\]=6"):
+        cur.update(s0, np.array([1, 6]), np.ones(2, F32), cfg)
+    with pytest.raises(ValueError, match=r"got item_ids\[0\]=-1"):
+        cur.update(s0, [-1], [1.0], cfg)
+    with pytest.raises(ValueError, match=r"got item_ids\[0\]=9"):
+        cur.update_groups(s0, np.array([9]), np.ones((1, 2), F32), cfg)
+    # an id that int32 would wrap onto a valid one (2**32 -> 0) is refused, not applied to item 0
+    with pytest.raises(ValueError, match=r"got item_ids\[0\]=4294967296"):
+        cur.update(s0, np.array([2**32], np.int64), np.ones(1, F32), cfg)
     # masked-out padding
     s = cur.update(s0, np.array([1, -1]), np.ones(2, F32), cfg, mask=np.array([True, False]))
     assert int(s.total_updates) == 1
@@ -452,7 +503,7 @@ def test_difficulty():
     ema, tracked = cur.difficulty(s, jnp.array([1, 3, 0, -1, 6]))
     np.testing.assert_array_equal(tracked, [True, True, False, False, False])
     np.testing.assert_array_equal(ema[:2], [0.25, -1.0])
-    assert np.all(np.isnan(np.asarray(ema[2:])))
+    np.testing.assert_array_equal(ema[2:], [0.0, 0.0, 0.0])   # not measured: tracked says so, no NaN
     np.testing.assert_array_equal(cur.item_bin(s, jnp.array([0, -1, 6, 4]), cfg), [2, 2, 2, 2])
 
 

@@ -59,7 +59,9 @@ def test_metrics_dict_empty_and_without_boundaries():
     assert d == {"curriculum/items_tracked": 0, "curriculum/strategy": 0}
     assert all(type(v) is int for v in d.values())
     m = cur.metrics(s, cfg)
-    assert np.isnan(float(m["mean_difficulty"])) and int(m["bin_0_count"]) == 0
+    assert int(m["items_tracked"]) == 0 and int(m["bin_0_count"]) == 0
+    # nothing measured: 0, flagged by items_tracked == 0 (no NaN sentinel)
+    assert [float(m[k]) for k in ("mean_difficulty", "min_difficulty", "max_difficulty")] == [0.0, 0.0, 0.0]
     s = cur.update(s, np.array([1, 2]), np.array([0.5, 1.0], F32), cfg)  # no rebin yet
     d = cur.metrics_dict(s, cfg)
     assert not any(k.startswith("curriculum/bin_") for k in d)
@@ -131,6 +133,26 @@ def test_load_plain_atropos_dict_gives_same_bins_difficulties_metrics():
         assert set(got) == set(want)
         for k, v in want.items():
             assert got[k] == pytest.approx(v, rel=1e-6, abs=1e-7), k
+
+
+def test_ema_alpha_zero_loads_and_keeps_first_scores():
+    """A saved atropos scheduler with ``ema_alpha`` 0 (atropos accepts it) loads, keeps each item's
+    EMA at its stored value through later updates, and saves 0 back."""
+    plain = {"strategy": "uniform", "n_bins": 2, "temperature": 1.0, "ema_alpha": 0.0,
+             "competence_threshold": 0.5, "item_scores": {"a": [0.25, 1], "b": [0.75, 3]},
+             "bin_boundaries": [], "last_rebin_count": 0}
+    cfg, s, keys = atropos.load_state_dict(plain, 4)
+    assert float(cfg.ema_alpha) == 0.0
+    ref = AtroposRef(2, 0.0)
+    ref.items = {"a": (F32(0.25), 1), "b": (F32(0.75), 3)}
+    ref.total = 4
+    s = cur.update(s, keys.ids(["b", "a", "c"]), np.array([0.0, 1.0, 0.5], F32), cfg)
+    for k, x in (("b", 0.0), ("a", 1.0), ("c", 0.5)):
+        ref.apply(k, x)
+    d = atropos.state_dict(s, cfg, keys)
+    assert d["ema_alpha"] == 0.0
+    assert {k: tuple(v) for k, v in d["item_scores"].items()} == {
+        k: (float(e), c) for k, (e, c) in ref.items.items()} == {"a": (0.25, 2), "b": (0.75, 4), "c": (0.5, 1)}
 
 
 def test_load_state_dict_errors_and_nonfinite():
