@@ -170,12 +170,13 @@ def floor_step(state, u, ref, tok, mask):
     rows = jnp.sum(nonempty)
     h = jnp.sum(jnp.where(nonempty, ent, 0.0)) / rows
     # tau controller (target 3.0, lr 0.1, bounds [0.05, 2], past warmup), then the KL rule at KL = 0.07
-    ema0 = jnp.where(jnp.isfinite(state.entropy_ema), state.entropy_ema, h)
+    ema0 = jnp.where(state.has_entropy_ema, state.entropy_ema, h)
     ema = 0.9 * ema0 + 0.1 * h
     tau = jnp.clip(jnp.exp(state.log_tau + 0.1 * (3.0 - ema)), 0.05, 2.0)
     f = 1.0 + jnp.clip(0.07 / 0.05 - 1.0, -0.2, 0.2) / 10.0
     new = state.replace(tau=tau, denom=tau, log_tau=jnp.log(tau), beta=state.beta * f, entropy_ema=ema,
-                        current_target=jnp.float32(3.0))
+                        current_target=jnp.float32(3.0), has_entropy_ema=jnp.bool_(True),
+                        has_target=jnp.bool_(True))
     stats = (jnp.min(jnp.where(nonempty, ent, jnp.inf)), jnp.max(jnp.where(nonempty, ent, -jnp.inf)),
              jnp.sum(jnp.where(nonempty, ess, 0.0)) / rows, jnp.max(w), jnp.sum(zero) / rows,
              jnp.sum(u0) / jnp.sum(n))
@@ -254,7 +255,8 @@ def run(quick: bool = False) -> list[dict]:
     # outputs that do not depend on (tau, beta, temperature) are returned once, not 64 times
     out_axes = M.MaxEntStepOutput(advantages=None, q=0, weights=0, entropy=0, ess=0, ess_mean=0, max_weight=0,
                                   frac_zero_std=None, zero_std=None, mean=None, std=None, n_nonfinite=None,
-                                  n_invalid=None, valid=None, kl=None, tau=0, beta=0, entropy_target=0)
+                                  n_invalid=None, valid=None, kl=None, tau=0, beta=0, entropy_target=0,
+                                  has_kl=None, has_entropy_target=0)
     sweep = jax.jit(jax.vmap(_fused, in_axes=(0, None, None, None, None, 0), out_axes=(0, out_axes)))
     t_sweep = time_jax(sweep, states, ju, jref, jtok, jmask, temps, n=3, warmup=1)  # compile time
 

@@ -124,8 +124,16 @@ def check_static_int(x: Any, name: str, minimum: int | None = None) -> int:
 
 
 def as_f32(x: Any) -> Array:
-    """``jnp.asarray(x, float32)``: the dtype every continuous state leaf uses."""
-    return jnp.asarray(x, jnp.float32)
+    """``x`` as a float32 jax array: the dtype every continuous state leaf uses.
+
+    Jax arrays and tracers go through ``jnp.asarray``; host data (NumPy, lists, numbers) is
+    converted on the host and placed with ``jax.device_put``, so the NaN / inf entries of a bad
+    batch reach the device without a conversion op that ``jax_debug_nans`` would report.
+    """
+    if isinstance(x, jax.Array):
+        return jnp.asarray(x, jnp.float32)
+    with np.errstate(over="ignore", invalid="ignore"):   # 1e39 -> inf, as jnp.asarray gives
+        return jax.device_put(np.asarray(x, np.float32))
 
 
 # ---------------------------------------------------- masked reductions

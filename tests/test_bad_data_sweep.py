@@ -77,7 +77,8 @@ def _maxent_step(rewards, ref_logp, token_counts, measured_kl):
 
 
 def _maxent_outputs(out):
-    # kl echoes the input (NaN = none); entropy_target is NaN when no target is set
+    # kl echoes the input (has_kl says whether one was measured); entropy_target is 0 when no
+    # target is set (has_entropy_target)
     return (out.advantages, out.q, out.weights, out.entropy, out.ess, out.ess_mean, out.max_weight, out.mean,
             out.std, out.tau, out.beta)
 
@@ -344,17 +345,16 @@ SETTINGS = [
     (lambda v: maxent.config(q_epsilon=v), "q_epsilon", _nonneg),
     (lambda v: maxent.config(eps=v), "eps", _nonneg),
     (lambda v: maxent.TauSchedule(learning_rate=v), "learning_rate", _nonneg),
-    (lambda v: maxent.TauSchedule(target_entropy=v), "target_entropy", lambda v: math.isnan(v) or _nonneg(v)),
-    (lambda v: maxent.TauSchedule(target_entropy_final=v), "target_entropy_final",
-     lambda v: math.isnan(v) or _nonneg(v)),
+    (lambda v: maxent.TauSchedule(target_entropy=v), "target_entropy", _nonneg),
+    (lambda v: maxent.TauSchedule(target_entropy_final=v), "target_entropy_final", _nonneg),
     (lambda v: maxent.TauSchedule(minimum_value=v), "minimum_value", _nonneg),
     (lambda v: maxent.TauSchedule(target_entropy_horizon=v), "target_entropy_horizon", _nonneg),
     (lambda v: maxent.KLController(target=v), "kl target", _nonneg),
     (lambda v: maxent.KLController(step_size=v), "kl step_size", _nonneg),
     (lambda v: maxent.MetaController(learning_rate=v), "meta learning_rate", _nonneg),
     (lambda v: maxent.MetaController(tau_min=v), "meta tau_min", _nonneg),
-    (lambda v: maxent.weight_matrix(jnp.full((1, 2), 0.5), jnp.zeros((1, 2)), tau=v, beta=0.1), "tau", _nonneg),
-    (lambda v: maxent.weight_matrix(jnp.full((1, 2), 0.5), jnp.zeros((1, 2)), tau=0.5, beta=v), "beta", _nonneg),
+    (lambda v: maxent.weight_matrix(jnp.full((1, 2), 0.5), jnp.zeros((1, 2)), tau=v, beta=0.1), "tau", math.isfinite),
+    (lambda v: maxent.weight_matrix(jnp.full((1, 2), 0.5), jnp.zeros((1, 2)), tau=0.5, beta=v), "beta", math.isfinite),
     (lambda v: maxent.q_distribution(jnp.zeros((1, 2)), temperature=v), "temperature", _nonneg),
     (lambda v: maxent.group_advantages(jnp.zeros((1, 2)), eps=v), "eps", _nonneg),
     (lambda v: maxent.seed_grpo_scale(jnp.zeros((1,)), alpha=v, num_generations=4), "alpha", _nonneg),

@@ -145,7 +145,7 @@ def make_train(cfg: DemoConfig, task: dict[str, jax.Array]):
         ref_lp = jax.nn.log_softmax(task["ref_logits"])[rows, actions]
         _, kl, _ = _policy_stats(params, task)
         new_ctrl, out = M.step(ctrl, rewards, ref_lp, run_cfg, token_counts=tok, global_step=t,
-                               measured_kl=jnp.where(is_maxent, kl, jnp.nan))
+                               measured_kl=kl, kl_valid=is_maxent)
         w = jax.lax.stop_gradient(out.weights)
         adv = jax.lax.stop_gradient(out.advantages)
 

@@ -5,7 +5,10 @@ The layout maxent_grpo writes and reads::
     {"beta": 0.04, "tau": 0.3, "tau_log": -1.2, "tau_entropy_ema": 2.1,
      "meta": {"version": 1, "controller": {"enabled": true, "method": "analytic", ...}}}
 
-``meta`` is present only when a meta-controller is saved with the state.
+``meta`` is present only when a meta-controller is saved with the state. An entropy EMA
+that was never measured is ``"tau_entropy_ema": null`` (maxent_grpo writes NaN or ``tau``
+for it); reading, a missing, null, NaN or non-numeric EMA is "not measured"
+(``has_entropy_ema`` False), so the flag round-trips.
 
 Example::
 
@@ -143,8 +146,9 @@ def controller_state_dict(state: ControllerState, meta: MetaController | MaxEntC
     """maxent_grpo's ``controller_state.json`` payload (host only).
 
     Returns:
-      ``{"beta", "tau", "tau_log", "tau_entropy_ema"}`` (an unset EMA is written
-      as ``tau``, as the original does) plus ``"meta": {"version": 1,
+      ``{"beta", "tau", "tau_log", "tau_entropy_ema"}`` (an EMA not measured yet,
+      ``has_entropy_ema`` False, is written as ``None``: JSON ``null``, maxent_grpo's
+      "unset", which it reads as ``tau``) plus ``"meta": {"version": 1,
       "controller": {...}}`` when ``meta`` is given.
 
     Raises:
@@ -154,13 +158,11 @@ def controller_state_dict(state: ControllerState, meta: MetaController | MaxEntC
     st = jax.device_get(state)
     if any(np.ndim(x) for x in jax.tree.leaves(st)):
         raise ValueError("controller_state_dict takes one controller (0-d leaves), not a batch")
-    tau = float(st.tau)
-    ema = float(st.entropy_ema)
     out: dict[str, Any] = {
         "beta": float(st.beta),
-        "tau": tau,
+        "tau": float(st.tau),
         "tau_log": float(st.log_tau),
-        "tau_entropy_ema": ema if math.isfinite(ema) else tau,
+        "tau_entropy_ema": float(st.entropy_ema) if bool(st.has_entropy_ema) else None,
     }
     if meta is not None:
         out["meta"] = {"version": STATE_VERSION, "controller": meta_to_payload(meta, st)}
@@ -190,10 +192,12 @@ def state_from_dict(payload: Any, source: str = "controller state") -> Controlle
     """:class:`ControllerFile` from a decoded ``controller_state.json`` payload.
 
     Rules (maxent_grpo's loader): a missing or non-numeric ``tau_log`` becomes
-    ``ln(max(tau, 1e-8))``, a missing / non-numeric / non-finite
-    ``tau_entropy_ema`` becomes ``tau``, and **``denom = tau + beta``** (1 if
-    that is <= 0), the rule the original applies when it restores a
-    controller; the next controller update resets ``denom`` to ``tau``.
+    ``ln(max(tau, 1e-8))``; a missing / null / non-numeric / non-finite
+    ``tau_entropy_ema`` is maxent_grpo's "not measured" (its ``None`` / NaN): the state
+    gets ``has_entropy_ema`` False (value 0), and the first valid measurement starts the
+    EMA; and **``denom = tau + beta``** (1 if that is <= 0), the rule the original
+    applies when it restores a controller; the next controller update resets ``denom`` to
+    ``tau``.
 
     Raises:
       StateFileError: not an object, or ``tau`` / ``beta`` missing,
@@ -214,7 +218,7 @@ def state_from_dict(payload: Any, source: str = "controller state") -> Controlle
     tau_log = payload.get("tau_log")
     tau_log = float(tau_log) if _number(tau_log) and math.isfinite(float(tau_log)) else math.log(max(tau, 1e-8))
     ema = payload.get("tau_entropy_ema")
-    ema = float(ema) if _number(ema) and math.isfinite(float(ema)) else tau
+    has_ema = _number(ema) and math.isfinite(float(ema))
     denom = tau + beta if tau + beta > 0 else 1.0
 
     meta_payload = payload.get("meta")
@@ -228,7 +232,8 @@ def state_from_dict(payload: Any, source: str = "controller state") -> Controlle
     f32 = np.float32
     state = init(config(tau, beta, denom=denom)).replace(
         log_tau=jax.numpy.asarray(f32(tau_log)),
-        entropy_ema=jax.numpy.asarray(f32(ema)),
+        entropy_ema=jax.numpy.asarray(f32(ema if has_ema else 0.0)),
+        has_entropy_ema=jax.numpy.asarray(has_ema),
         last_tau_grad=jax.numpy.asarray(f32(meta.last_tau_grad)),
         last_beta_grad=jax.numpy.asarray(f32(meta.last_beta_grad)),
     )

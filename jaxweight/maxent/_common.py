@@ -20,6 +20,10 @@ W_FLOOR = 1e-12  # log(max(w, W_FLOOR)) in the entropy
 T_FLOOR = 1e-8  # smallest tau used as a denominator
 ZERO_STD = 1e-8  # population std at or below which a group counts as "zero std"
 FMAX = float(np.finfo(np.float32).max)
+# the masked-out value of a max or a log-domain entry: finite, so no array ever holds an inf
+# placeholder (``jax_debug_infs``); exp(LOW) == 0 like exp(-inf), and a max over a row with a
+# valid entry equals the max over its valid entries (every finite float is >= LOW)
+LOW = -FMAX
 
 
 def matrix(x: Any, name: str) -> Array:
@@ -72,11 +76,14 @@ def row_sums(*xs: Array) -> tuple[Array, ...]:
 
 
 def row_maxes(*xs: Array) -> tuple[Array, ...]:
-    """Maxima over the last axis of several same-shaped arrays, as one stacked reduction."""
+    """Maxima over the last axis of several same-shaped arrays, as one stacked reduction.
+
+    Callers mask with :data:`LOW`; an empty axis also gives ``LOW`` (never -inf).
+    """
     xs = [jnp.asarray(x, jnp.float32) for x in xs]
     if xs[0].ndim > 1:
-        return tuple(jnp.max(x, axis=-1, initial=-jnp.inf) for x in xs)
-    return tuple(jnp.max(jnp.stack(xs), axis=-1, initial=-jnp.inf))
+        return tuple(jnp.max(x, axis=-1, initial=LOW) for x in xs)
+    return tuple(jnp.max(jnp.stack(xs), axis=-1, initial=LOW))
 
 
 def row_counts(*flags: Array) -> tuple[Array, ...]:

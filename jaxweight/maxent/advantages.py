@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from .._util import check_value
-from ._common import FMAX, T_FLOOR, ZERO_STD, Array, check_modes, mask_of, matrix, row_counts, row_maxes, row_sum, row_sums
+from ._common import (FMAX, LOW, T_FLOOR, ZERO_STD, Array, check_modes, mask_of, matrix, row_counts, row_maxes,
+                      row_sum, row_sums)
 
 __all__ = ["group_advantages", "reward_moments", "zero_truncated"]
 
@@ -75,7 +76,7 @@ def row_stats(u: Array, mask: Array, temperature: Array | None = None, ok: Array
     else:
         valid = mask & ok & finite
         n, nf, n_excluded = row_counts(valid, mask & ok & ~finite, mask & ~ok)
-    hi, neg_lo = row_maxes(jnp.where(valid, u, -jnp.inf), jnp.where(valid, -u, -jnp.inf))
+    hi, neg_lo = row_maxes(jnp.where(valid, u, LOW), jnp.where(valid, -u, LOW))
     has = n > 0
     umax = jax.lax.stop_gradient(jnp.where(has, hi, 0.0))
     amax = jax.lax.stop_gradient(jnp.where(has, jnp.maximum(hi, neg_lo), 0.0))  # max |u|

@@ -26,8 +26,11 @@ def _pad(rows: Any, fill: Any, dtype: Any) -> np.ndarray:
     return out
 
 
-def pad_groups(groups: Sequence[Sequence[float]], fill: float = np.nan) -> tuple[np.ndarray, np.ndarray]:
+def pad_groups(groups: Sequence[Sequence[float]], fill: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Host helper: ragged per-prompt lists -> ``(f32[P, Gmax], mask bool[P, Gmax])``.
+
+    The mask says which entries are padding; the padded values are ``fill`` (0 by default:
+    a finite placeholder, so the arrays pass ``jax_debug_nans``).
 
     Example::
 

@@ -25,7 +25,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.struct
 import jax
@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._util import array_module, check_order, check_static_int, check_value
+from .weights import WeightEntropy
 
 Array = jax.Array
 
@@ -43,6 +44,7 @@ __all__ = [
     "MetaController",
     "META_METHODS",
     "ENTROPY_EMA_DECAY",
+    "MetaGrads",
     "update_tau",
     "update_beta",
     "meta_update",
@@ -63,9 +65,26 @@ def f32(x: Any) -> Array:
     return jnp.asarray(x, jnp.float32)
 
 
-def f32_or_nan(x: Any) -> Array:
-    """``x`` as f32; ``None`` ("unset") becomes NaN."""
-    return jnp.asarray(jnp.nan if x is None else x, jnp.float32)
+def f32_or_none(x: Any) -> Array | None:
+    """``x`` as f32; ``None`` ("unset") stays ``None`` (no leaf, so no NaN placeholder)."""
+    return None if x is None else jnp.asarray(x, jnp.float32)
+
+
+def measurement(x: Any, valid: Any = True) -> tuple[Array, Array]:
+    """``(value f32[], ok bool[])`` of a controller input.
+
+    A :class:`~jaxweight.maxent.WeightEntropy` measures its ``mean`` and is valid iff it saw a
+    group (``count > 0``); a number is valid as given. Either is valid only if ``valid`` is
+    set and the value is finite; an invalid value reads 0, so nothing downstream sees NaN.
+    """
+    ok = jnp.asarray(valid, bool)
+    if isinstance(x, WeightEntropy):
+        v = f32(x.mean)
+        ok = ok & (jnp.asarray(x.count) > 0)
+    else:
+        v = f32(x)
+    ok = ok & jnp.isfinite(v)
+    return jnp.where(ok, v, 0.0), ok
 
 
 def checkable(v: Any, traced: bool = False) -> bool:
@@ -90,14 +109,10 @@ def _check(obj: Any, traced: bool, name: str, label: str | None = None, **bounds
 
 
 def _check_target(v: Any, name: str, traced: bool) -> None:
-    """An entropy target may be unset (None or NaN); anything else must be finite and >= 0
-    (an entropy is never negative, so a negative target would drive tau to its floor)."""
+    """An entropy target is unset (None) or finite and >= 0 (an entropy is never negative,
+    so a negative target would drive tau to its floor; NaN is not a spelling of "unset")."""
     if checkable(v, traced):
-        if isinstance(v, str):
-            check_value(v, name)
-        xp = array_module(v)
-        a = xp.asarray(v, xp.float32)
-        check_value(xp.where(xp.isnan(a), 0.0, a), name, ge=0.0)
+        check_value(v, name, ge=0.0)
 
 
 def _check_cap(lo: Any, hi: Any, name_lo: str, name_hi: str, traced: bool) -> None:
@@ -105,7 +120,8 @@ def _check_cap(lo: Any, hi: Any, name_lo: str, name_hi: str, traced: bool) -> No
     if checkable(lo, traced) and checkable(hi, traced) and not isinstance(lo, str) and not isinstance(hi, str):
         xp = array_module(lo, hi)
         mx = xp.asarray(hi, xp.float32)
-        check_order(lo, xp.where(mx > 0, mx, xp.inf), name_lo, name_hi)
+        # no cap: compare lo with itself (no inf placeholder, which jax_debug_infs would flag)
+        check_order(lo, xp.where(mx > 0, mx, xp.asarray(lo, xp.float32)), name_lo, name_hi)
 
 
 # --------------------------------------------------------------------- state
@@ -120,8 +136,12 @@ class ControllerState:
         ``tau`` (1 if ``tau <= 0``); right after loading a maxent_grpo file it is
         ``tau + beta`` (maxent_grpo's rule).
       log_tau: f32[] ``ln tau`` as tracked by the tau controller.
-      entropy_ema: f32[] EMA of the measured weight entropy; NaN = unset.
-      current_target: f32[] entropy target of the last :func:`update_tau` (NaN: none).
+      entropy_ema: f32[] EMA of the measured weight entropy (0 while ``has_entropy_ema`` is False).
+      has_entropy_ema: bool[] whether a valid entropy has been measured ("not measured yet" is
+        False: no NaN placeholder, so the state runs under ``jax_debug_nans``).
+      current_target: f32[] entropy target of the last :func:`update_tau` with a valid
+        measurement (0 while ``has_target`` is False).
+      has_target: bool[] whether that update had a target (the schedule may have none).
       tau_projected, beta_projected: bool[] whether the last meta update hit a bound.
       last_tau_grad, last_beta_grad: f32[] the last gradients the meta controller applied.
     """
@@ -131,7 +151,9 @@ class ControllerState:
     denom: Array
     log_tau: Array
     entropy_ema: Array
+    has_entropy_ema: Array
     current_target: Array
+    has_target: Array
     tau_projected: Array
     beta_projected: Array
     last_tau_grad: Array
@@ -164,17 +186,19 @@ class TauSchedule:
     """Settings of the tau controller (maxent_grpo's ``TauSchedule`` plus an annealed target).
 
     Numeric fields may be Python numbers or arrays (a stacked schedule is a sweep); a
-    target of ``None`` or NaN is unset. Concrete values are checked when the schedule
-    is built (``ValueError`` naming the field, its value and the accepted range).
+    target of ``None`` is unset (maxent_grpo's ``Optional[float]``: it stays ``None`` in the
+    normalised schedule, so a sweep sets it in every member or in none). Concrete values are
+    checked when the schedule is built (``ValueError`` naming the field, its value and the
+    accepted range; NaN is refused like any other non-finite value).
 
     Attributes:
-      target_entropy: weight entropy to reach (>= 0); unset disables the controller.
+      target_entropy: weight entropy to reach (finite, >= 0); None disables the controller.
       learning_rate: step in log-tau space per unit of entropy error (>= 0).
       minimum_value: lower clamp of tau (>= 0).
       maximum_value: upper clamp of tau; ``<= 0`` means no cap, else ``>= minimum_value``.
       warmup_steps: no update while ``global_step <= max(0, warmup_steps)`` (an integer).
-      target_entropy_start, target_entropy_final: annealed target (each >= 0; each defaults
-        to ``target_entropy``).
+      target_entropy_start, target_entropy_final: annealed target (each finite and >= 0, or
+        None; each defaults to ``target_entropy``).
       target_entropy_horizon: steps (>= 0) from start to final; ``0`` uses final at once.
     """
 
@@ -202,15 +226,15 @@ class TauSchedule:
         _check_cap(self.minimum_value, self.maximum_value, "minimum_value", "maximum_value", traced)
 
     def normalized(self) -> TauSchedule:
-        """The same schedule with f32 / i32 array leaves (unset targets NaN)."""
+        """The same schedule with f32 / i32 array leaves (unset targets stay ``None``)."""
         return TauSchedule(
-            target_entropy=f32_or_nan(self.target_entropy),
+            target_entropy=f32_or_none(self.target_entropy),
             learning_rate=f32(self.learning_rate),
             minimum_value=f32(self.minimum_value),
             maximum_value=f32(self.maximum_value),
             warmup_steps=jnp.asarray(self.warmup_steps, jnp.int32),
-            target_entropy_start=f32_or_nan(self.target_entropy_start),
-            target_entropy_final=f32_or_nan(self.target_entropy_final),
+            target_entropy_start=f32_or_none(self.target_entropy_start),
+            target_entropy_final=f32_or_none(self.target_entropy_final),
             target_entropy_horizon=f32(self.target_entropy_horizon),
         )
 
@@ -327,68 +351,81 @@ def part_of(cfg: Any, kind: type, field: str) -> Any:
 
 
 # ----------------------------------------------------------------- tau rule
-def target_entropy_at(cfg: Any, global_step: Any) -> Array:
-    """The entropy target at ``global_step`` (NaN if none) of a config or :class:`TauSchedule`.
+def target_entropy_at(cfg: Any, global_step: Any) -> tuple[Array, Array]:
+    """The entropy target at ``global_step`` of a config or :class:`TauSchedule`.
 
     ``target_entropy`` if neither start nor final is set; else (each defaulting to
     ``target_entropy``) ``final`` if ``horizon <= 0``, else
-    ``start + (final - start) * min(max(step, 0), H) / H``.
+    ``start + (final - start) * min(max(step, 0), H) / H``. A value the rule needs that is
+    unset (None) means no target.
+
+    Returns:
+      ``(target f32[], has_target bool[])``; ``target`` is 0 where there is none.
     """
     schedule = part_of(cfg, TauSchedule, "schedule")
-    base = f32_or_nan(schedule.target_entropy)
-    if schedule.target_entropy_start is None and schedule.target_entropy_final is None:
-        return base
-    start = f32_or_nan(schedule.target_entropy_start)
-    final = f32_or_nan(schedule.target_entropy_final)
-    start = jnp.where(jnp.isnan(start), base, start)
-    final = jnp.where(jnp.isnan(final), base, final)
+    none = (jnp.float32(0.0), jnp.asarray(False))
+    base, start, final = schedule.target_entropy, schedule.target_entropy_start, schedule.target_entropy_final
+    if start is None and final is None:
+        return none if base is None else (f32(base), jnp.asarray(True))
+    start = base if start is None else start
+    final = base if final is None else final
+    if final is None:  # the rule needs final at every step
+        return none
+    final = f32(final)
     horizon = f32(schedule.target_entropy_horizon)
+    ramp = horizon > 0
+    if start is None:  # defined only where the horizon is 0 (final at once)
+        return jnp.where(ramp, 0.0, final), ~ramp
+    start = f32(start)
     step = jnp.asarray(global_step, jnp.float32)
-    frac = jnp.minimum(jnp.maximum(step, 0.0), horizon) / jnp.where(horizon > 0, horizon, 1.0)
-    return jnp.where(horizon > 0, start + (final - start) * frac, final)
+    frac = jnp.minimum(jnp.maximum(step, 0.0), horizon) / jnp.where(ramp, horizon, 1.0)
+    return jnp.where(ramp, start + (final - start) * frac, final), jnp.asarray(True)
 
 
 def update_tau(state: ControllerState, measured_entropy: Any, global_step: Any, cfg: Any, *,
-               lr_scale: Any = 1.0) -> ControllerState:
+               valid: Any = True, lr_scale: Any = 1.0) -> ControllerState:
     """One step of the entropy-targeting tau controller (maxent_grpo ``maybe_update_tau``).
 
+    The measurement is used only if it is valid: a :class:`~jaxweight.maxent.WeightEntropy`
+    that saw at least one group (``count > 0``; an all-masked or all-NaN batch saw none), or
+    a number, in both cases with ``valid`` set and a finite value. An invalid measurement
+    leaves the state exactly unchanged (EMA, flags and target included). With a valid ``m``:
+
     1. ``lr = learning_rate * (max(lr_scale, 0) if lr_scale is finite else 1)``.
-    2. An unset (non-finite) ``entropy_ema`` becomes ``m``, or ``tau`` if ``m`` is not
-       finite (the original's history default).
-    3. A non-finite ``m`` is skipped: nothing else changes.
-    4. The target (:func:`target_entropy_at`) goes to ``current_target``; none -> stop.
-    5. Skip while ``global_step <= max(0, warmup_steps)`` (step 0 always skips).
-    6. ``entropy_ema = 0.9 * entropy_ema + 0.1 * m``; ``err = target - ema``; stop if
+    2. A first measurement (``has_entropy_ema`` False) starts the EMA at ``m``.
+    3. The target (:func:`target_entropy_at`) goes to ``current_target`` / ``has_target``;
+       none -> stop.
+    4. Skip while ``global_step <= max(0, warmup_steps)`` (step 0 always skips).
+    5. ``entropy_ema = 0.9 * entropy_ema + 0.1 * m``; ``err = target - ema``; stop if
        ``|err| < 1e-12``.
-    7. ``log_tau += lr * err``; ``tau = max(exp(log_tau), minimum_value)``, capped at
+    6. ``log_tau += lr * err``; ``tau = max(exp(log_tau), minimum_value)``, capped at
        ``maximum_value`` if that is > 0; then ``denom = tau``, ``log_tau = ln tau``.
 
     Args:
       state: the controller state.
-      measured_entropy: f32[] the measured weight entropy.
+      measured_entropy: :class:`~jaxweight.maxent.WeightEntropy` (its ``mean`` is the
+        measurement) or f32[] the measured weight entropy.
       global_step: i32[] training step.
       cfg: :class:`~jaxweight.maxent.MaxEntConfig` or :class:`TauSchedule`.
+      valid: bool[] whether the measurement may be used (e.g. False for a batch that was
+        all padding); combined with the measurement's own validity.
       lr_scale: multiplier of the learning rate (e.g. the main LR schedule).
 
     Returns:
       The updated state (same structure, dtypes and shapes).
     """
     schedule = part_of(cfg, TauSchedule, "schedule")
-    m = f32(measured_entropy)
+    m, m_ok = measurement(measured_entropy, valid)
     step = jnp.asarray(global_step, jnp.int32)
     lr_scale = f32(lr_scale)
     lr = f32(schedule.learning_rate) * jnp.where(jnp.isfinite(lr_scale), jnp.maximum(lr_scale, 0.0), 1.0)
 
-    m_ok = jnp.isfinite(m)
-    m_safe = jnp.where(m_ok, m, 0.0)
-    ema0 = jnp.where(jnp.isfinite(state.entropy_ema), state.entropy_ema, jnp.where(m_ok, m, state.tau))
-
-    target = target_entropy_at(schedule, step)
-    has_target = jnp.isfinite(target)
+    ema0 = jnp.where(state.has_entropy_ema, state.entropy_ema, m)
+    target, has_target = target_entropy_at(schedule, step)
     warm = step <= jnp.maximum(0, jnp.asarray(schedule.warmup_steps, jnp.int32))
-    active = has_target & ~warm & m_ok
-    ema1 = ENTROPY_EMA_DECAY * ema0 + (1.0 - ENTROPY_EMA_DECAY) * m_safe
-    err = jnp.where(has_target, target, 0.0) - ema1
+    active = m_ok & has_target & ~warm
+    ema1 = ENTROPY_EMA_DECAY * ema0 + (1.0 - ENTROPY_EMA_DECAY) * m
+    err = target - ema1
     move = active & (jnp.abs(err) >= 1e-12)
 
     log_tau = state.log_tau + lr * err
@@ -396,17 +433,20 @@ def update_tau(state: ControllerState, measured_entropy: Any, global_step: Any, 
     cap = f32(schedule.maximum_value)
     tau = jnp.where(cap > 0, jnp.minimum(tau, cap), tau)
 
-    new = state.replace(entropy_ema=jnp.where(active, ema1, ema0),
-                        current_target=jnp.where(m_ok, target, state.current_target))
+    new = state.replace(entropy_ema=jnp.where(m_ok, jnp.where(active, ema1, ema0), state.entropy_ema),
+                        has_entropy_ema=state.has_entropy_ema | m_ok,
+                        current_target=jnp.where(m_ok, target, state.current_target),
+                        has_target=jnp.where(m_ok, has_target, state.has_target))
     return _write_back(new, tau, new.beta, move)
 
 
 # ------------------------------------------------------------------ KL rule
-def update_beta(state: ControllerState, measured_kl: Any, cfg: Any) -> ControllerState:
+def update_beta(state: ControllerState, measured_kl: Any, cfg: Any, *, valid: Any = True) -> ControllerState:
     """One step of the adaptive-KL beta controller.
 
-    Active only if ``target``, ``horizon`` and ``step_size`` are all > 0 and the KL is
-    finite: ``err = kl / max(target, 1e-8) - 1`` (stop if ``|err| < 1e-8``);
+    Active only if ``target``, ``horizon`` and ``step_size`` are all > 0 and the measurement
+    is valid (``valid`` set and the KL finite; an invalid one leaves the state unchanged):
+    ``err = kl / max(target, 1e-8) - 1`` (stop if ``|err| < 1e-8``);
     ``f = 1 + clip(err, +-step_size) / max(1, horizon)`` (``f <= 0`` -> ``1e-6``);
     ``beta = max(0, beta * f)``; then ``denom``/``log_tau`` are written back.
 
@@ -414,14 +454,15 @@ def update_beta(state: ControllerState, measured_kl: Any, cfg: Any) -> Controlle
       state: the controller state.
       measured_kl: f32[] the measured KL(policy || reference).
       cfg: :class:`~jaxweight.maxent.MaxEntConfig` or :class:`KLController`.
+      valid: bool[] whether the KL was measured on anything (e.g. ``tokens > 0``).
 
     Returns:
       The updated state.
     """
     kl = part_of(cfg, KLController, "kl")
-    x = f32(measured_kl)
+    x, x_ok = measurement(measured_kl, valid)
     target, horizon, step_size = f32(kl.target), f32(kl.horizon), f32(kl.step_size)
-    on = (target > 0) & (horizon > 0) & (step_size > 0) & jnp.isfinite(x)
+    on = (target > 0) & (horizon > 0) & (step_size > 0) & x_ok
     err = jnp.where(on, x, 0.0) / jnp.maximum(target, 1e-8) - 1.0
     move = on & (jnp.abs(err) >= 1e-8)
     f = 1.0 + jnp.clip(err, -step_size, step_size) / jnp.maximum(1.0, horizon)
@@ -430,6 +471,20 @@ def update_beta(state: ControllerState, measured_kl: Any, cfg: Any) -> Controlle
 
 
 # ---------------------------------------------------------------- meta rule
+class MetaGrads(NamedTuple):
+    """The analytic meta-controller gradients and whether each applies (:func:`analytic_meta_grads`).
+
+    Attributes:
+      tau_grad, beta_grad: f32[] (0 where they do not apply).
+      tau_valid, beta_valid: bool[] pass to :func:`meta_update` as ``tau_valid`` / ``beta_valid``.
+    """
+
+    tau_grad: Array
+    beta_grad: Array
+    tau_valid: Array
+    beta_valid: Array
+
+
 def meta_should_update(cfg: Any, global_step: Any) -> Array:
     """bool[]: whether ``global_step`` is a meta update step (``step % update_interval == 0``)."""
     meta = part_of(cfg, MetaController, "meta")
@@ -437,45 +492,72 @@ def meta_should_update(cfg: Any, global_step: Any) -> Array:
 
 
 def analytic_meta_grads(measured_entropy: Any, target_entropy: Any, measured_kl: Any = None,
-                        kl_target: Any = 0.0) -> tuple[Array, Array]:
-    """The analytic meta-controller gradients ``(tau_grad, beta_grad)``.
+                        kl_target: Any = 0.0, *, valid: Any = True, target_valid: Any = True,
+                        kl_valid: Any = True) -> MetaGrads:
+    """The analytic meta-controller gradients ``tau_grad = H - target``, ``beta_grad = kl - kl_target``.
 
-    ``tau_grad = H - target`` and ``beta_grad = kl - kl_target`` when ``kl_target > 0``;
-    a gradient that does not apply is NaN, which :func:`meta_update` skips.
+    The tau gradient applies when the entropy measurement is valid (as in :func:`update_tau`:
+    a :class:`~jaxweight.maxent.WeightEntropy` with ``count > 0`` or a number, ``valid`` set,
+    finite) and there is a target (not None, ``target_valid``, finite); the beta gradient when
+    a KL is given, valid (``kl_valid``, finite) and ``kl_target > 0``.
 
     Args:
-      measured_entropy: f32[] weight entropy.
-      target_entropy: f32[] its target (NaN / None: no tau gradient).
-      measured_kl: f32[] or None.
+      measured_entropy: :class:`~jaxweight.maxent.WeightEntropy` or f32[] weight entropy.
+      target_entropy: f32[] its target, or None (no tau gradient); e.g. the pair of
+        :func:`target_entropy_at` as ``target_entropy=t, target_valid=has``.
+      measured_kl: f32[] or None (no beta gradient).
       kl_target: f32[] finite (<= 0: no beta gradient).
+      valid, target_valid, kl_valid: bool[] validity of the entropy, the target and the KL.
 
     Returns:
-      ``(tau_grad f32[], beta_grad f32[])``.
+      :class:`MetaGrads` (gradients 0 where they do not apply).
+
+    Example::
+
+        from jaxweight import maxent
+
+        g = maxent.analytic_meta_grads(1.2, 0.8, 0.3, 0.1)
+        s, changed = maxent.meta_update(maxent.init(maxent.config(0.5, 0.1)), g.tau_grad, g.beta_grad,
+                                        maxent.MetaController(enabled=True, learning_rate=0.1),
+                                        tau_valid=g.tau_valid, beta_valid=g.beta_valid)
+        assert bool(changed) and abs(float(s.tau) - 0.46) < 1e-6
     """
     check_value(kl_target, "kl_target")
-    tau_grad = f32(measured_entropy) - f32_or_nan(target_entropy)
+    h, h_ok = measurement(measured_entropy, valid)
+    if target_entropy is None:
+        tau_grad, tau_ok = jnp.float32(0.0), jnp.asarray(False)
+    else:
+        t, t_ok = measurement(target_entropy, target_valid)
+        tau_ok = h_ok & t_ok
+        tau_grad = jnp.where(tau_ok, h - t, 0.0)
     if measured_kl is None:
-        return tau_grad, jnp.asarray(jnp.nan, jnp.float32)
+        return MetaGrads(tau_grad, jnp.float32(0.0), tau_ok, jnp.asarray(False))
     kt = f32(kl_target)
-    return tau_grad, jnp.where(kt > 0, f32(measured_kl) - kt, jnp.nan)
+    x, x_ok = measurement(measured_kl, kl_valid)
+    beta_ok = x_ok & (kt > 0)
+    return MetaGrads(tau_grad, jnp.where(beta_ok, x - kt, 0.0), tau_ok, beta_ok)
 
 
-def meta_update(state: ControllerState, tau_grad: Any, beta_grad: Any, cfg: Any, *,
-                lr_scale: Any = 1.0) -> tuple[ControllerState, Array]:
+def meta_update(state: ControllerState, tau_grad: Any, beta_grad: Any, cfg: Any, *, tau_valid: Any = True,
+                beta_valid: Any = True, lr_scale: Any = 1.0) -> tuple[ControllerState, Array]:
     """One gradient step of the meta-controller on tau and beta.
 
     Active only if ``enabled`` and ``method`` is in :data:`META_METHODS`. With
     ``lr_x = (x_learning_rate if > 0 else learning_rate) * lr_scale`` (no step if <= 0):
 
-    - tau (finite ``g``): ``tau = max(tau - lr * g, tau_min)``, capped at ``tau_max`` if
+    - tau (valid ``g``): ``tau = max(tau - lr * g, tau_min)``, capped at ``tau_max`` if
       > 0; ``tau_projected`` if the cap was hit or (``tau_min > 0`` and ``tau <= tau_min``).
-    - beta (finite ``g``, clipped to ``+-beta_grad_clip`` if > 0): ``beta = beta + lr * g``
+    - beta (valid ``g``, clipped to ``+-beta_grad_clip`` if > 0): ``beta = beta + lr * g``
       (plus: the gradient is ``kl - kl_target``); ``beta_projected`` if < 0, then floored at 0.
+
+    A gradient is valid when given (not None), its flag is set and it is finite; an invalid
+    one changes nothing.
 
     Args:
       state: the controller state.
-      tau_grad, beta_grad: f32[] gradients or None (no step); non-finite ones are skipped.
+      tau_grad, beta_grad: f32[] gradients or None (no step).
       cfg: :class:`~jaxweight.maxent.MaxEntConfig` or :class:`MetaController`.
+      tau_valid, beta_valid: bool[] whether each gradient may be used (:class:`MetaGrads`).
       lr_scale: multiplier of both learning rates.
 
     Returns:
@@ -494,9 +576,9 @@ def meta_update(state: ControllerState, tau_grad: Any, beta_grad: Any, cfg: Any,
     tau_moved = beta_moved = jnp.asarray(False)
 
     if tau_grad is not None:
-        g = f32(tau_grad)
-        tau_moved = active & (lr_tau > 0) & jnp.isfinite(g)
-        g0 = jnp.where(tau_moved, g, 0.0)
+        g0, g_ok = measurement(tau_grad, tau_valid)
+        tau_moved = active & (lr_tau > 0) & g_ok
+        g0 = jnp.where(tau_moved, g0, 0.0)
         tmin, tmax = f32(meta.tau_min), f32(meta.tau_max)
         raw = jnp.maximum(state.tau - lr_tau * g0, tmin)
         capped = (tmax > 0) & (raw > tmax)
@@ -506,9 +588,9 @@ def meta_update(state: ControllerState, tau_grad: Any, beta_grad: Any, cfg: Any,
         last_t = jnp.where(tau_moved, g0, last_t)
 
     if beta_grad is not None:
-        g = f32(beta_grad)
-        beta_moved = active & (lr_beta > 0) & jnp.isfinite(g)
-        g0 = jnp.where(beta_moved, g, 0.0)
+        g0, g_ok = measurement(beta_grad, beta_valid)
+        beta_moved = active & (lr_beta > 0) & g_ok
+        g0 = jnp.where(beta_moved, g0, 0.0)
         clip = f32(meta.beta_grad_clip)
         raw = state.beta + lr_beta * jnp.where(clip > 0, jnp.clip(g0, -clip, clip), g0)
         beta = jnp.where(beta_moved, jnp.maximum(raw, 0.0), beta)

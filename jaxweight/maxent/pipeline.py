@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from .._util import check_same_shape, check_value
 from ._common import Array, check_modes, mask_of, matrix, other
 from .settings import MaxEntConfig
-from .controllers import ControllerState, update_beta, update_tau
+from .controllers import ControllerState, measurement, update_beta, update_tau
 from .advantages import advantages_from, batch_stats, moments_from, row_stats, zero_std_rows, zero_truncated
 from .seed import seed_alpha as seed_alpha_of
 from .seed import semantic_entropy
@@ -221,8 +221,11 @@ class MaxEntStepOutput:
       n_nonfinite: i32[] masked-in entries whose reward was NaN / inf (other inputs finite).
       n_invalid: i32[] masked-in entries left out (reward, ``ref_logp`` or token count not finite).
       valid: bool[P, G] entries that took part.
-      kl: f32[] the measured KL passed in (NaN when none).
-      tau, beta, entropy_target: f32[] of the updated controller state.
+      kl: f32[] the measured KL passed in (0 when ``has_kl`` is False).
+      has_kl: bool[] whether a valid KL was passed (given, ``kl_valid`` and finite).
+      tau, beta: f32[] of the updated controller state.
+      entropy_target: f32[] the state's ``current_target`` (0 when ``has_entropy_target`` is False).
+      has_entropy_target: bool[] the state's ``has_target``.
     """
 
     advantages: Array
@@ -240,9 +243,11 @@ class MaxEntStepOutput:
     n_invalid: Array
     valid: Array
     kl: Array
+    has_kl: Array
     tau: Array
     beta: Array
     entropy_target: Array
+    has_entropy_target: Array
 
 
 def step(
@@ -256,6 +261,7 @@ def step(
     truncated: Any = None,
     global_step: Any = 0,
     measured_kl: Any = None,
+    kl_valid: Any = True,
     lr_scale: Any = 1.0,
 ) -> tuple[ControllerState, MaxEntStepOutput]:
     """One MaxEnt-GRPO weighting step: statistics, weights, then the controllers.
@@ -270,7 +276,10 @@ def step(
 
     Bad data: an entry whose reward, ``ref_logp`` or token count is NaN / inf is left out
     of every statistic as if masked, and counted in ``n_invalid``; a batch with no valid
-    entry leaves the state exactly unchanged.
+    entry leaves the state exactly unchanged. A KL that is not valid (``kl_valid`` False,
+    or not finite) is not used. Nothing the step returns holds a NaN or inf placeholder:
+    "not measured" is a flag (``has_kl``, ``has_entropy_target``), so the step runs under
+    ``jax_debug_nans`` / ``jax_debug_infs`` on finite, masked inputs.
 
     Args:
       state: :class:`~jaxweight.maxent.ControllerState`.
@@ -282,6 +291,7 @@ def step(
       truncated: bool[P, G] or None (zero-truncation of the rewards).
       global_step: i32[] step for warmup / annealing.
       measured_kl: f32[] or None (no beta update).
+      kl_valid: bool[] whether ``measured_kl`` measured anything (e.g. ``tokens > 0``).
       lr_scale: multiplier of the tau learning rate.
 
     Returns:
@@ -312,9 +322,11 @@ def step(
     ent, ess, (rows, ess_sum) = entropy_from(w, valid, rs.n, log_w)
     ess_mean = jnp.where(rows > 0, ess_sum / jnp.maximum(rows, 1.0), 0.0)
 
-    new = update_tau(state, ent.mean, global_step, cfg, lr_scale=lr_scale)
+    new = update_tau(state, ent, global_step, cfg, lr_scale=lr_scale)
+    kl, has_kl = jnp.float32(0.0), jnp.asarray(False)
     if measured_kl is not None:
-        new = update_beta(new, measured_kl, cfg)
+        kl, has_kl = measurement(measured_kl, kl_valid)
+        new = update_beta(new, kl, cfg, valid=has_kl)
     # a batch without a valid entry measured nothing: the state stays exactly as it was
     new = jax.tree.map(lambda a, b: jnp.where(rows > 0, a, b), new, state)
     out = MaxEntStepOutput(
@@ -322,8 +334,8 @@ def step(
         max_weight=jnp.max(w, initial=0.0), frac_zero_std=stats.frac_zero_std, zero_std=stats.zero_std,
         mean=stats.mean, std=stats.std, n_nonfinite=stats.n_nonfinite,
         n_invalid=stats.n_nonfinite + n_bad_aux.astype(jnp.int32), valid=valid,
-        kl=jnp.asarray(jnp.nan if measured_kl is None else measured_kl, jnp.float32),
-        tau=new.tau, beta=new.beta, entropy_target=new.current_target,
+        kl=kl, has_kl=has_kl, tau=new.tau, beta=new.beta, entropy_target=new.current_target,
+        has_entropy_target=new.has_target,
     )
     return new, out
 
@@ -334,25 +346,34 @@ def metrics_dict(x: MaxEntStepOutput | ControllerState, cfg: MaxEntConfig | None
     A :class:`MaxEntStepOutput` gives ``weight_entropy`` (mean), ``weight_entropy_min``,
     ``weight_entropy_max``, ``weight_entropy_normalized``, ``ess_mean``, ``max_weight``,
     ``frac_zero_std``, ``reward_mean``, ``reward_std``, ``tau``, ``beta`` (updated),
-    ``entropy_target``, ``kl``, ``n_invalid`` and ``n_nonfinite`` (``kl`` and
-    ``entropy_target`` left out when unset); a :class:`ControllerState` gives its fields.
-    A vmapped (sweep) output gives the mean over the sweep. ``cfg`` is not needed.
+    ``entropy_target``, ``kl``, ``n_invalid`` and ``n_nonfinite``; a
+    :class:`ControllerState` gives its fields but the flags. A value whose flag says it was
+    not measured (``kl``, ``entropy_target``; the state's ``entropy_ema``,
+    ``current_target``) is left out, in a sweep unless every member has it. A vmapped
+    (sweep) output gives the mean over the sweep. ``cfg`` is not needed.
     """
+    import numpy as np
+
     from .. import metrics
 
     if isinstance(x, ControllerState):
-        return metrics.flatten(x, prefix="maxent")
-    if not isinstance(x, MaxEntStepOutput):
+        x = jax.device_get(x)
+        out = metrics.flatten(x, prefix="maxent", skip=("has_entropy_ema", "has_target"))
+        unset = {"maxent/entropy_ema": x.has_entropy_ema, "maxent/current_target": x.has_target}
+    elif isinstance(x, MaxEntStepOutput):
+        x = jax.device_get(x)
+        d = {
+            "weight_entropy": x.entropy.mean, "weight_entropy_min": x.entropy.min,
+            "weight_entropy_max": x.entropy.max, "weight_entropy_normalized": x.entropy.normalized,
+            "ess_mean": x.ess_mean, "max_weight": x.max_weight, "frac_zero_std": x.frac_zero_std,
+            "reward_mean": x.mean, "reward_std": x.std, "tau": x.tau, "beta": x.beta,
+            "entropy_target": x.entropy_target, "kl": x.kl, "n_invalid": x.n_invalid, "n_nonfinite": x.n_nonfinite,
+        }
+        out = metrics.flatten(d, "maxent")
+        unset = {"maxent/kl": x.has_kl, "maxent/entropy_target": x.has_entropy_target}
+    else:
         raise ValueError(f"metrics_dict takes a MaxEntStepOutput or a ControllerState, got {type(x).__name__}")
-    d = {
-        "weight_entropy": x.entropy.mean, "weight_entropy_min": x.entropy.min, "weight_entropy_max": x.entropy.max,
-        "weight_entropy_normalized": x.entropy.normalized, "ess_mean": x.ess_mean, "max_weight": x.max_weight,
-        "frac_zero_std": x.frac_zero_std, "reward_mean": x.mean, "reward_std": x.std, "tau": x.tau,
-        "beta": x.beta, "entropy_target": x.entropy_target, "kl": x.kl, "n_invalid": x.n_invalid,
-        "n_nonfinite": x.n_nonfinite,
-    }
-    out = metrics.flatten(d, "maxent")
-    for k in ("maxent/kl", "maxent/entropy_target"):
-        if k in out and out[k] != out[k]:
-            del out[k]
+    for k, flag in unset.items():
+        if not np.all(flag):
+            out.pop(k, None)
     return out

@@ -22,19 +22,25 @@ from typing import Any
 import jax.numpy as jnp
 
 from .._util import check_rank, check_value
-from ._common import Array, mask_of, other
+from ._common import LOW, Array, mask_of, other
 
 __all__ = ["semantic_entropy", "seed_grpo_scale"]
 
 
-def _masked_lse(x: Array, m: Array, axis: int) -> Array:
-    """logsumexp over ``m``; empty -> -inf; any +inf -> +inf (never NaN)."""
-    xm = jnp.where(m, x, -jnp.inf)
-    mx = jnp.max(xm, axis=axis, keepdims=True, initial=-jnp.inf)
-    mx_safe = jnp.where(jnp.isfinite(mx), mx, 0.0)
-    s = jnp.sum(jnp.where(m, jnp.exp(jnp.where(m, xm - mx_safe, -jnp.inf)), 0.0), axis=axis, keepdims=True)
-    out = jnp.where(jnp.isfinite(mx), jnp.log(jnp.where(s > 0, s, 1.0)) + mx_safe, mx)
-    return jnp.squeeze(out, axis)
+def _masked_lse(x: Array, m: Array, axis: int) -> tuple[Array, Array]:
+    """``(lse, finite)``: logsumexp over the entries ``m`` and whether it is finite.
+
+    The logsumexp is finite iff some entry is finite and none is ``+inf`` (``-inf``
+    entries have no mass); where it is not, ``lse`` is 0. Masked entries hold the finite
+    ``LOW``, so finite inputs give no infinite intermediate.
+    """
+    xm = jnp.where(m, x, LOW)
+    mx = jnp.max(xm, axis=axis, keepdims=True, initial=LOW)
+    ok = jnp.isfinite(mx) & (mx > LOW)
+    mx_safe = jnp.where(ok, mx, 0.0)
+    s = jnp.sum(jnp.where(m, jnp.exp(xm - mx_safe), 0.0), axis=axis, keepdims=True)
+    lse = jnp.log(jnp.where(s > 0, s, 1.0)) + mx_safe
+    return jnp.squeeze(jnp.where(ok, lse, 0.0), axis), jnp.squeeze(ok, axis)
 
 
 def semantic_entropy(cluster_ids: Any, seq_logp: Any, mask: Any = None) -> Array:
@@ -62,14 +68,14 @@ def semantic_entropy(cluster_ids: Any, seq_logp: Any, mask: Any = None) -> Array
     lp = other(seq_logp, ids, "cluster_ids", "seq_logp")
     g = ids.shape[1]
     valid = mask_of(mask, lp, "seq_logp") & (ids >= 0) & (ids < g) & ~jnp.isnan(lp)
-    z = _masked_lse(lp, valid, axis=1)  # [P]
+    z, ok_z = _masked_lse(lp, valid, axis=1)  # [P]
     member = (ids[:, :, None] == jnp.arange(g, dtype=jnp.int32)) & valid[:, :, None]  # [P, G, K]
-    lse_k = _masked_lse(lp[:, :, None], member, axis=1)  # [P, K]
-    present = jnp.any(member, axis=1)
-    ok_z = jnp.isfinite(z)
-    c = lse_k - jnp.where(ok_z, z, 0.0)[:, None]
+    lse_k, ok_k = _masked_lse(lp[:, :, None], member, axis=1)  # [P, K]
+    # a cluster with no finite mass (absent, or all -inf) has exp(c) c = 0 * -inf: skipped
+    use = ok_k & ok_z[:, None]
+    c = jnp.where(use, lse_k - z[:, None], 0.0)
     term = jnp.exp(c) * c
-    keep = present & jnp.isfinite(term)
+    keep = use & jnp.isfinite(term)
     h = -jnp.sum(jnp.where(keep, term, 0.0), axis=1)
     return jnp.where(ok_z, h, 0.0)
 

@@ -20,7 +20,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from .._util import array_module, check_value
+from .._util import check_value
 from ._common import check_modes
 from .controllers import (
     ControllerState,
@@ -30,7 +30,7 @@ from .controllers import (
     checkable,
     denom_for,
     f32,
-    f32_or_nan,
+    f32_or_none,
     tau_log,
 )
 
@@ -48,14 +48,8 @@ def _check_settings(values: dict[str, Any], traced: bool) -> None:
     for name, kw in bounds.items():
         if checkable(values[name], traced):
             check_value(values[name], name, **kw)
-    d = values["denom"]
-    if checkable(d, traced):
-        if isinstance(d, str):
-            check_value(d, "denom")
-        # NaN is the "unset" spelling of a built config; anything else must be a number >= 0
-        xp = array_module(d)
-        a = xp.asarray(d, xp.float32)
-        check_value(xp.where(xp.isnan(a), 0.0, a), "denom", ge=0.0)
+    if checkable(values["denom"], traced):  # None (= tau) is skipped
+        check_value(values["denom"], "denom", ge=0.0)
     for name, cls in _PARTS:
         v = values[name]
         if isinstance(v, cls):
@@ -71,7 +65,7 @@ class MaxEntConfig:
 
     Attributes:
       tau, beta: f32[] initial controller values (:func:`init`).
-      denom: f32[] initial weight-score denominator (NaN = ``tau``).
+      denom: f32[] initial weight-score denominator, or None (``tau``; 1 if ``tau <= 0``).
       q_temperature, q_epsilon: f32[] of :func:`~jaxweight.maxent.q_distribution`.
       eps: f32[] of :func:`~jaxweight.maxent.group_advantages`.
       schedule, kl, meta: the tau, beta and meta controller settings (array leaves).
@@ -81,7 +75,7 @@ class MaxEntConfig:
 
     tau: Array
     beta: Array
-    denom: Array
+    denom: Array | None
     q_temperature: Array
     q_epsilon: Array
     eps: Array
@@ -120,8 +114,10 @@ def config(
     """All settings of the weighting and its controllers, checked, as array leaves.
 
     Args:
-      tau, beta: initial temperature and reference coefficient (finite, >= 0).
-      denom: initial weight-score denominator (None = tau), finite and >= 0.
+      tau, beta: initial temperature and reference coefficient (finite, >= 0: a negative
+        value can only be a mistake here, though :func:`~jaxweight.maxent.weight_matrix`
+        gives it maxent_grpo's meaning).
+      denom: initial weight-score denominator (None = tau, 1 if ``tau <= 0``), finite and >= 0.
       q_temperature: softmax temperature of ``q`` (>= 0; 0 is the hard limit).
       q_epsilon: smoothing floor of ``q`` (>= 0).
       scale, eps, ddof, baseline: see :func:`~jaxweight.maxent.group_advantages`.
@@ -146,7 +142,7 @@ def config(
     _check_settings({"tau": tau, "beta": beta, "denom": denom, "q_temperature": q_temperature,
                      "q_epsilon": q_epsilon, "eps": eps, "schedule": schedule, "kl": kl, "meta": meta}, traced=True)
     return MaxEntConfig(
-        tau=f32(tau), beta=f32(beta), denom=f32_or_nan(denom), q_temperature=f32(q_temperature),
+        tau=f32(tau), beta=f32(beta), denom=f32_or_none(denom), q_temperature=f32(q_temperature),
         q_epsilon=f32(q_epsilon), eps=f32(eps), schedule=schedule.normalized(), kl=kl.normalized(),
         meta=meta.normalized(), scale=scale, baseline=baseline, ddof=int(ddof),
         include_reference_term=bool(include_reference_term), normalize_by_tokens=bool(normalize_by_tokens),
@@ -156,9 +152,10 @@ def config(
 def init(cfg: MaxEntConfig, key: Any = None) -> ControllerState:
     """Fresh controller state from a :class:`MaxEntConfig` (``key`` unused: no randomness).
 
-    ``denom`` defaults to ``tau`` (1 if ``tau <= 0``), ``log_tau = ln(max(tau, 1e-8))``,
-    the entropy EMA and the target are unset (NaN). Every leaf is its own buffer, so the
-    state can be donated without touching the config.
+    ``denom`` defaults to ``tau`` (1 if ``tau <= 0``), ``log_tau = ln(max(tau, 1e-8))``;
+    nothing is measured yet: ``has_entropy_ema`` and ``has_target`` are False (their values
+    0), so no leaf holds a NaN placeholder. Every leaf is its own buffer, so the state can be
+    donated without touching the config.
     """
     if not isinstance(cfg, MaxEntConfig):
         raise ValueError(f"cfg must be a maxent.MaxEntConfig (maxent.config(...)), got {type(cfg).__name__}")
@@ -166,8 +163,7 @@ def init(cfg: MaxEntConfig, key: Any = None) -> ControllerState:
     if jnp.ndim(tau) != 0 or jnp.ndim(beta) != 0:
         raise ValueError(f"init takes one config (vmap init over stacked configs), got tau shape "
                          f"{jnp.shape(tau)}")
-    d = f32(cfg.denom)
-    d = jnp.where(jnp.isnan(d), denom_for(tau), d)
+    d = denom_for(tau) if cfg.denom is None else f32(cfg.denom)
 
     def full(v, dtype=jnp.float32):
         return jnp.full((), v, dtype)
@@ -177,8 +173,10 @@ def init(cfg: MaxEntConfig, key: Any = None) -> ControllerState:
         beta=jnp.array(beta, jnp.float32, copy=True),
         denom=jnp.array(d, jnp.float32, copy=True),
         log_tau=tau_log(tau),
-        entropy_ema=full(jnp.nan),
-        current_target=full(jnp.nan),
+        entropy_ema=full(0.0),
+        has_entropy_ema=full(False, bool),
+        current_target=full(0.0),
+        has_target=full(False, bool),
         tau_projected=full(False, bool),
         beta_projected=full(False, bool),
         last_tau_grad=full(0.0),

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from .._util import check_rank, check_same_shape, check_value
-from ._common import Q_FLOOR, T_FLOOR, W_FLOOR, Array, mask_of, matrix, other, row_counts, row_maxes, row_sums
+from ._common import LOW, Q_FLOOR, T_FLOOR, W_FLOOR, Array, mask_of, matrix, other, row_counts, row_maxes, row_sums
 from .advantages import RowStats, row_stats
 
 __all__ = [
@@ -110,6 +110,12 @@ def weight_matrix(
     among the entries at that score (all ``-inf``: uniform). maxent_grpo's
     call sites use ``normalize_by_tokens=False``.
 
+    Settings outside :func:`~jaxweight.maxent.config`'s ranges keep maxent_grpo's meaning
+    here, as the formula above says: ``beta <= 0`` drops the reference term, ``denom <= 0``
+    (or None) falls back to ``tau``, and ``tau <= 0`` to ``1e-8`` (the hard, argmax limit).
+    Only non-finite values are refused. (``config`` refuses negative values, which there
+    can only be mistakes.)
+
     An entry is valid if masked in and ``q`` is finite, and (with the reference
     term) ``ref_logp`` is finite, and (with token normalisation) its token
     count is finite. ``jax.grad`` with respect to ``tau``, ``beta`` and
@@ -120,10 +126,12 @@ def weight_matrix(
       ref_logp: f32[P, G] length-normalised reference sequence log-probs.
       token_counts: f32[P, G] completion lengths or None.
       mask: bool[P, G] or None.
-      tau: f32[] temperature, finite and >= 0 (traceable; a negative, NaN or inf value
-        raises ``ValueError`` eagerly, or through ``jaxweight.checked`` when traced).
-      beta: f32[] reference coefficient, finite and >= 0 (checked as ``tau``).
-      denom: f32[] denominator or None (= tau); finite and >= 0, checked as ``tau``.
+      tau: f32[] temperature, finite (traceable; a NaN or inf value raises ``ValueError``
+        eagerly, or through ``jaxweight.checked`` when traced); ``<= 0`` means ``1e-8``.
+      beta: f32[] reference coefficient, finite (checked as ``tau``); ``<= 0`` drops the
+        reference term.
+      denom: f32[] denominator or None (= tau); finite (checked as ``tau``); ``<= 0`` means
+        ``tau``.
       include_reference_term: static, use the ``beta * ref_logp`` term.
       normalize_by_tokens: static, multiply by token counts and renormalise.
 
@@ -142,12 +150,12 @@ def weight_matrix(
         dw_dtau = jax.jacfwd(lambda t: maxent.weight_matrix(q, ref_logp, tau=t, beta=0.1))(0.5)
         assert abs(float(w[0, 2]) - 0.9268) < 1e-3 and dw_dtau.shape == (1, 3)
     """
-    # a leaf function: the ranges of maxent.config, checked eagerly and, when traced, through
-    # checkify (the spec'd fallbacks tau == 0 -> 1e-8 and denom == 0 -> tau stay)
-    check_value(tau, "tau", ge=0.0)
-    check_value(beta, "beta", ge=0.0)
+    # stateless math: maxent_grpo defines every finite setting (beta <= 0: no reference term,
+    # denom <= 0: tau, tau <= 0: 1e-8); only NaN / inf, which define nothing, are refused
+    check_value(tau, "tau")
+    check_value(beta, "beta")
     if denom is not None:
-        check_value(denom, "denom", ge=0.0)
+        check_value(denom, "denom")
     qa = matrix(q, "q")
     valid = mask_of(mask, qa, "q") & jnp.isfinite(qa)
     ref = None
@@ -171,7 +179,8 @@ def weights_from(q: Array, ref: Array | None, tok: Array | None, valid: Array, t
     """The weight formula on checked inputs (invalid entries may hold anything).
 
     Returns ``(w, log w)``; ``log w = z + log(tok) - log(sum)`` comes without a
-    logarithm of the weights (-inf where ``w`` is 0).
+    logarithm of the weights (``LOW`` where ``w`` is 0). Masked entries hold finite
+    placeholders (never ``-inf``), so on finite inputs no intermediate is infinite.
     """
     tau = jnp.asarray(tau, jnp.float32)
     beta = jnp.asarray(beta, jnp.float32)
@@ -179,18 +188,21 @@ def weights_from(q: Array, ref: Array | None, tok: Array | None, valid: Array, t
     num = jnp.log(jnp.maximum(jnp.where(valid, q, 1.0), Q_FLOOR))
     if ref is not None:
         num = num + jnp.where(beta > 0, beta, 0.0) * jnp.where(valid, ref, 0.0)
-    s = jnp.where(valid, num / d, -jnp.inf)
-    mx = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True, initial=-jnp.inf))
-    # an infinite max (overflowed scores) shares the mass among the entries equal to it
-    z = jnp.where(jnp.isfinite(mx), s - mx, jnp.where(s == mx, 0.0, -jnp.inf))
+    s = jnp.where(valid, num / d, LOW)
+    mx = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True, initial=LOW))
+    # a valid score can overflow to +-inf (huge finite inputs): a row whose largest score is not
+    # finite shares its mass among the valid entries at it (+inf: those; all -inf: every one;
+    # a valid score of exactly LOW, -3.4e38, next to -inf ones counts as -inf here)
+    top = jnp.isfinite(mx) & (mx > LOW)
+    at_top = valid & ((s == mx) | ((mx == LOW) & (s == -jnp.inf)))
+    z = jnp.where(top, s - mx, jnp.where(at_top, 0.0, LOW))
     lw = z
     if tok is not None:
         # w ~ exp(z) * tok in the log domain, shifted again: a huge finite count (3e38)
         # would overflow the product
         lw = z + jnp.log(jnp.maximum(jnp.where(valid, tok, 1.0), 1.0))
-        m2 = jax.lax.stop_gradient(jnp.max(jnp.where(valid, lw, -jnp.inf), axis=-1, keepdims=True,
-                                           initial=-jnp.inf))
-        lw = jnp.where(jnp.isfinite(m2), lw - m2, lw)
+        m2 = jax.lax.stop_gradient(jnp.max(jnp.where(valid, lw, LOW), axis=-1, keepdims=True, initial=LOW))
+        lw = lw - m2
     e = jnp.where(valid, jnp.exp(lw), 0.0)
     tot = jnp.sum(e, axis=-1, keepdims=True)
     tot = jnp.where(tot > 0, tot, 1.0)
@@ -223,6 +235,9 @@ class WeightEntropy:
       normalized: f32[] mean over all rows of ``H(w') / ln n`` (``w'`` the
         floored, renormalised row; rows with ``n <= 1`` count 0).
       advantage: f32[P, G] ``w - 1/n`` on valid entries, 0 elsewhere.
+      count: i32[] rows with at least one valid entry. ``count == 0`` (an all-masked or
+        all-NaN batch) means nothing was measured: ``mean`` is then 0 by convention, and the
+        controllers (:func:`~jaxweight.maxent.update_tau`) ignore the measurement.
     """
 
     mean: Array
@@ -231,6 +246,12 @@ class WeightEntropy:
     per_group: Array
     normalized: Array
     advantage: Array
+    count: Array
+
+    @property
+    def valid(self) -> Array:
+        """bool[]: whether the statistics measured anything (``count > 0``)."""
+        return self.count > 0
 
 
 def weight_entropy(weights: Any, mask: Any = None) -> WeightEntropy:
@@ -286,13 +307,13 @@ def entropy_from(w: Array, valid: Array, n: Array | None = None, log_w: Array | 
     nonempty = n > 0
     rows, total, ratio_sum, *sums = row_sums(nonempty, jnp.where(nonempty, per_group, 0.0), ratio, ess,
                                              *extra_sums)
-    neg_min, mx = row_maxes(jnp.where(nonempty, -per_group, -jnp.inf), jnp.where(nonempty, per_group, -jnp.inf))
+    neg_min, mx = row_maxes(jnp.where(nonempty, -per_group, LOW), jnp.where(nonempty, per_group, LOW))
     has = rows > 0
     mean = jnp.where(has, total / jnp.maximum(rows, 1.0), 0.0)
     normalized = ratio_sum / max(n.shape[0], 1)
     adv = jnp.where(valid, wv - 1.0 / jnp.maximum(n, 1.0)[:, None], 0.0)
     ent = WeightEntropy(mean=mean, min=jnp.where(has, -neg_min, 0.0), max=jnp.where(has, mx, 0.0),
-                        per_group=per_group, normalized=normalized, advantage=adv)
+                        per_group=per_group, normalized=normalized, advantage=adv, count=rows.astype(jnp.int32))
     return ent, ess, (rows, *sums)
 
 
@@ -310,8 +331,8 @@ def effective_sample_size(weights: Any, mask: Any = None) -> Array:
     """
     w = matrix(weights, "weights")
     pos = mask_of(mask, w, "weights") & jnp.isfinite(w) & (w > 0)
-    lw = jnp.where(pos, jnp.log(jnp.where(pos, w, 1.0)), -jnp.inf)
-    top = jnp.max(lw, axis=-1, keepdims=True, initial=-jnp.inf)
-    e = jnp.where(pos, jnp.exp(lw - jnp.where(jnp.isfinite(top), top, 0.0)), 0.0)
+    lw = jnp.log(jnp.where(pos, w, 1.0))
+    top = jnp.max(jnp.where(pos, lw, LOW), axis=-1, keepdims=True, initial=LOW)
+    e = jnp.where(pos, jnp.exp(jnp.where(pos, lw - top, 0.0)), 0.0)
     s1, s2 = jnp.sum(e, axis=-1), jnp.sum(e * e, axis=-1)
     return jnp.where(s2 > 0, s1 * s1 / jnp.where(s2 > 0, s2, 1.0), 0.0)

@@ -34,7 +34,8 @@ def test_state_dict_layout():
     s = ctl(0.5, 0.1)
     d = MG.controller_state_dict(s)
     assert set(d) == {"beta", "tau", "tau_log", "tau_entropy_ema"}
-    assert d["tau_entropy_ema"] == pytest.approx(0.5)  # unset EMA -> tau
+    assert d["tau_entropy_ema"] is None  # not measured yet -> null (maxent_grpo's None)
+    assert json.loads(json.dumps(d))["tau_entropy_ema"] is None  # valid JSON (no NaN literal)
     s2, _ = M.meta_update(s, 0.3, 0.2, META)
     d = MG.controller_state_dict(s2, META)
     assert d["meta"]["version"] == 1
@@ -55,12 +56,44 @@ def test_json_round_trip(tmp_path):
     back, meta = MG.load_controller_file(path)
     for k in ("tau", "beta", "log_tau", "entropy_ema", "last_tau_grad", "last_beta_grad"):
         np.testing.assert_allclose(f(getattr(back, k)), f(getattr(s, k)), rtol=1e-7, err_msg=k)
+    assert bool(back.has_entropy_ema) and bool(s.has_entropy_ema)
     # the maxent_grpo loader rule
     assert f(back.denom) == pytest.approx(f(s.tau) + f(s.beta), rel=1e-6)
     assert meta.enabled and float(meta.learning_rate) == pytest.approx(0.1) and float(meta.tau_max) == 2.0
     # the next controller update resets denom to tau
     nxt = M.update_tau(back, 0.1, 5, SCHED)
     assert f(nxt.denom) == pytest.approx(f(nxt.tau))
+
+
+@pytest.mark.parametrize("written", ["missing", "null", "NaN", "string", "number"])
+def test_not_measured_ema_round_trips(tmp_path, written):
+    """maxent_grpo's "not measured" EMA (None / NaN; also missing or unreadable) <-> the flag, both ways."""
+    p = tmp_path / "c.json"
+    body = {"missing": "", "null": ', "tau_entropy_ema": null', "NaN": ', "tau_entropy_ema": NaN',
+            "string": ', "tau_entropy_ema": "x"', "number": ', "tau_entropy_ema": 1.25'}[written]
+    p.write_text('{"beta": 0.04, "tau": 0.3' + body + "}")
+    s = MG.load_controller_state(p)
+    measured = written == "number"
+    assert bool(s.has_entropy_ema) == measured and f(s.entropy_ema) == (1.25 if measured else 0.0)
+    # and back: the flag is written as null (a measured EMA as its value), and read as the same state
+    d = MG.controller_state_dict(s)
+    assert d["tau_entropy_ema"] == (1.25 if measured else None)
+    MG.save_controller_state(p, s)
+    again = MG.load_controller_state(p)
+    for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(s), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # a first valid measurement after loading starts the EMA (not measured) or blends into it
+    nxt = M.update_tau(s, 1.0, 5, SCHED)
+    assert f(nxt.entropy_ema) == pytest.approx(0.9 * 1.25 + 0.1 if measured else 1.0)
+
+
+def test_json_runs_under_debug_nans_and_infs(tmp_path):
+    """Writing and reading a controller file (fresh or updated state) trips neither debug check."""
+    with jax.debug_nans(True), jax.debug_infs(True):
+        for s in (ctl(0.5, 0.1), M.update_tau(ctl(0.5, 0.1), 1.2, 1, SCHED)):
+            MG.save_controller_state(tmp_path / "c.json", s, META)
+            back = MG.load_controller_state(tmp_path / "c.json")
+            assert bool(back.has_entropy_ema) == bool(s.has_entropy_ema)
 
 
 def test_save_bare_filename(tmp_path, monkeypatch):
@@ -75,13 +108,14 @@ def test_load_original_layout(tmp_path):
     p.write_text(json.dumps({"beta": 0.04, "tau": 0.3}))
     s = MG.load_controller_state(p)
     assert f(s.log_tau) == pytest.approx(math.log(0.3), rel=1e-6)
-    assert f(s.entropy_ema) == pytest.approx(0.3)
+    assert not bool(s.has_entropy_ema) and f(s.entropy_ema) == 0.0  # no EMA in the file: not measured
     assert f(s.denom) == pytest.approx(0.34, rel=1e-6)
     p.write_text(json.dumps({"beta": 0.0, "tau": 0.0, "tau_log": "x", "tau_entropy_ema": None,
                              "meta": {"version": 1, "controller": {
                                  "enabled": True, "method": "first_order", "learning_rate": "bad",
                                  "update_interval": 0, "last_tau_grad": 0.7}}}))
     s, meta = MG.load_controller_file(p)
+    assert not bool(s.has_entropy_ema)  # null: maxent_grpo's "not measured"
     assert f(s.denom) == 1.0  # tau + beta <= 0 -> 1
     assert f(s.log_tau) == pytest.approx(math.log(1e-8), rel=1e-6)
     assert f(s.last_tau_grad) == pytest.approx(0.7)

@@ -83,18 +83,16 @@ HYPER = [
      "eps must be finite and >= 0.0"),
     ("adv_eps_nan", lambda v: M.group_advantages(jnp.ones((2, 3)), eps=v), NAN, "eps must be finite and >= 0.0"),
     ("seed_alpha_nan", lambda v: M.seed_grpo_scale(jnp.ones(2), v, 4), NAN, "alpha must be finite and >= 0.0"),
-    # weight_matrix: a leaf function, so traced tau / beta / denom are checked too (tau <= 0 stays spec'd)
-    ("wm_tau_nan", lambda v: M.weight_matrix(Q, REF, tau=v, beta=0.1), NAN, "tau must be finite and >= 0.0, got nan"),
-    ("wm_tau_inf", lambda v: M.weight_matrix(Q, REF, tau=v, beta=0.1), INF, "tau must be finite and >= 0.0, got inf"),
-    ("wm_beta_nan", lambda v: M.weight_matrix(Q, REF, tau=0.5, beta=v), NAN, "beta must be finite and >= 0.0, got nan"),
-    ("wm_beta_-inf", lambda v: M.weight_matrix(Q, REF, tau=0.5, beta=v), -INF, "beta must be finite and >= 0.0, got -inf"),
+    # weight_matrix: a leaf function, so traced tau / beta / denom are checked too; only non-finite
+    # values are refused (every finite one has maxent_grpo's meaning, see below)
+    ("wm_tau_nan", lambda v: M.weight_matrix(Q, REF, tau=v, beta=0.1), NAN, "tau must be finite, got nan"),
+    ("wm_tau_inf", lambda v: M.weight_matrix(Q, REF, tau=v, beta=0.1), INF, "tau must be finite, got inf"),
+    ("wm_beta_nan", lambda v: M.weight_matrix(Q, REF, tau=0.5, beta=v), NAN, "beta must be finite, got nan"),
+    ("wm_beta_-inf", lambda v: M.weight_matrix(Q, REF, tau=0.5, beta=v), -INF, "beta must be finite, got -inf"),
     ("wm_denom_nan", lambda v: M.weight_matrix(Q, REF, tau=0.5, beta=0.1, denom=v), NAN,
-     "denom must be finite and >= 0.0, got nan"),
-    ("wm_tau_neg", lambda v: M.weight_matrix(Q, REF, tau=v, beta=0.1), -1.0, "tau must be finite and >= 0.0, got -1.0"),
-    ("wm_beta_neg", lambda v: M.weight_matrix(Q, REF, tau=0.5, beta=v), -0.5,
-     "beta must be finite and >= 0.0, got -0.5"),
-    ("wm_denom_neg", lambda v: M.weight_matrix(Q, REF, tau=0.5, beta=0.1, denom=v), -2.0,
-     "denom must be finite and >= 0.0, got -2.0"),
+     "denom must be finite, got nan"),
+    ("target_nan", lambda v: M.config(schedule=_tau(target_entropy=v)), NAN,
+     "target_entropy must be finite and >= 0.0, got nan"),
     ("seed_G_nan", lambda v: M.seed_grpo_scale(jnp.ones(2), 0.1, v), NAN, "num_generations must be finite, got nan"),
     ("seed_G_inf", lambda v: M.seed_grpo_scale(jnp.ones(2), 0.1, v), INF, "num_generations must be finite, got inf"),
     ("meta_kl_target_nan", lambda v: M.analytic_meta_grads(1.0, 0.8, 0.1, v)[1], NAN,
@@ -126,7 +124,7 @@ def test_bad_hyperparameter_same_message(name, fn, value, fragment, mode):
     (lambda: dict(kl=M.KLController(0.1, 0, 0.2)), "kl horizon"),
     (lambda: dict(meta=M.MetaController(tau_min=1.0, tau_max=0.5)), "meta tau_min must be <= meta tau_max"),
     (lambda: dict(meta=M.MetaController(update_interval=0)), "meta update_interval must be >= 1"),
-    (lambda: dict(schedule=M.TauSchedule(target_entropy=-1)), "target_entropy must be finite and >= 0.0, got -1.0"),
+    (lambda: dict(schedule=M.TauSchedule(target_entropy=-1)), "target_entropy must be finite and >= 0.0, got -1$"),
     (lambda: dict(schedule=M.TauSchedule(target_entropy_start=-0.5)), "target_entropy_start must be finite and >= 0.0"),
     (lambda: dict(schedule=M.TauSchedule(target_entropy_final=-2.0)), "target_entropy_final must be finite and >= 0.0"),
     (lambda: dict(kl=M.KLController(target=-1)), "kl target must be finite and >= 0.0, got -1"),
@@ -163,17 +161,46 @@ def test_weight_matrix_spec_fallbacks_still_accepted(mode, kw):
     np.testing.assert_allclose(np.asarray(w).sum(1), 1.0, rtol=1e-6)
 
 
-@pytest.mark.parametrize("mode", ["eager", "checked_jit"])
-@pytest.mark.parametrize("kw,frag", [(dict(tau=-1.0), "tau must be finite and >= 0.0"),
-                                     (dict(tau=0.5, denom=-2.0), "denom must be finite and >= 0.0")],
-                         ids=["tau-1", "denom-2"])
-def test_weight_matrix_refuses_negative_settings_like_config(mode, kw, frag):
-    """Negative tau / denom are outside ``maxent.config``'s range, so ``weight_matrix`` refuses them too."""
-    def f(v):
-        return M.weight_matrix(Q, REF, beta=0.1, **{**kw, "tau": v})
+def _np_weights(q, ref, tau, beta, denom):
+    """maxent_grpo's weight rule transcribed in NumPy (float64), one row at a time."""
+    d = denom if (denom is not None and denom > 0) else (tau if tau > 0 else 1e-8)
+    s = np.log(np.maximum(np.asarray(q, float), 1e-12))
+    if beta > 0:
+        s = s + beta * np.asarray(ref, float)
+    e = np.exp(s / d - (s / d).max())
+    return e / e.sum()
 
-    with pytest.raises(ValueError, match=frag):
-        f(kw["tau"]) if mode == "eager" else jaxweight.checked(jax.jit(f))(jnp.float32(kw["tau"]))
+
+@pytest.mark.parametrize("mode", ["eager", "checked_jit"])
+@pytest.mark.parametrize("kw", [dict(tau=0.5, beta=-0.3), dict(tau=0.5, beta=0.2, denom=-2.0),
+                                dict(tau=-1.0, beta=0.2), dict(tau=-1.0, beta=0.2, denom=0.7),
+                                dict(tau=0.0, beta=-1.0, denom=-1.0)],
+                         ids=["beta-0.3", "denom-2", "tau-1", "tau-1_denom0.7", "all_nonpositive"])
+def test_weight_matrix_gives_maxent_grpos_result_where_config_refuses(mode, kw):
+    """``beta <= 0`` drops the reference term, ``denom <= 0`` falls back to tau, ``tau <= 0`` to 1e-8:
+    maxent_grpo's meaning, given by the stateless formula (``maxent.config`` refuses these as mistakes)."""
+    q = jnp.array([[0.1, 0.2, 0.7], [0.25, 0.25, 0.5]])
+    ref = jnp.array([[-1.0, -2.0, -0.5], [-0.3, -0.3, -3.0]])
+
+    def f(tau, beta, denom):
+        return M.weight_matrix(q, ref, tau=tau, beta=beta, denom=denom)
+
+    def run(*args):
+        if mode == "eager":
+            return f(*args)
+        return jaxweight.checked(jax.jit(f))(*(None if a is None else jnp.float32(a) for a in args))
+
+    args = (kw["tau"], kw["beta"], kw.get("denom"))
+    w = run(*args)
+    for i in range(2):
+        np.testing.assert_allclose(w[i], _np_weights(q[i], ref[i], *args), rtol=2e-6, atol=1e-30)
+    if "denom" not in kw or kw["denom"] <= 0:  # the fallback equals passing tau (or 1e-8) as denom itself
+        d = kw["tau"] if kw["tau"] > 0 else 1e-8
+        np.testing.assert_array_equal(w, run(1.0, kw["beta"], d))
+    with pytest.raises(ValueError, match=r"beta must be finite and >= 0.0, got -0.3"):
+        M.config(0.5, -0.3)  # the config keeps refusing them: there they can only be mistakes
+    with pytest.raises(ValueError, match=r"denom must be finite and >= 0.0, got -2.0"):
+        M.config(0.5, 0.2, denom=-2.0)
 
 
 @pytest.mark.parametrize("value,frag", [(NAN, "max_completion_len must be finite, got nan"),
@@ -256,6 +283,9 @@ def test_all_invalid_batch_leaves_state_identical(case):
         tok[:] = INF
     s = M.update_tau(S0, 1.3, 0, SCHED)  # EMA set
     new, out = _step(s, u, ref, tok, mask, global_step=9, measured_kl=0.5)
+    assert int(out.entropy.count) == 0  # the measurement says it measured nothing
+    for a, b in zip(jax.tree.leaves(M.update_tau(s, out.entropy, 9, SCHED)), jax.tree.leaves(s), strict=True):
+        np.testing.assert_array_equal(a, b)  # the tau rule alone ignores it too
     for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(s)):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(out.weights, 0.0)

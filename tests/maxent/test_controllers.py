@@ -40,7 +40,9 @@ def test_init_layout():
     s = ctl(0.5, 0.04)
     assert f(s.tau) == pytest.approx(0.5) and f(s.denom) == pytest.approx(0.5)
     assert f(s.log_tau) == pytest.approx(math.log(0.5), rel=1e-6)
-    assert math.isnan(f(s.entropy_ema)) and math.isnan(f(s.current_target))
+    # nothing measured yet: flags, not NaN placeholders
+    assert not bool(s.has_entropy_ema) and not bool(s.has_target)
+    assert f(s.entropy_ema) == 0.0 and f(s.current_target) == 0.0
     for leaf in jax.tree.leaves(s):
         assert leaf.shape == () and not leaf.weak_type
         assert leaf.dtype in (jnp.float32, jnp.bool_)
@@ -57,8 +59,8 @@ def test_spec_example_6_tau_controller(jit_or_eager):
     s = ctl(0.5, 0.0)
     s = upd(s, 1.0, 0, SCHED)
     assert f(s.tau) == 0.5  # step 0 always skips ...
-    assert f(s.entropy_ema) == 1.0  # ... but the unset EMA is initialised
-    assert f(s.current_target) == pytest.approx(0.8)
+    assert f(s.entropy_ema) == 1.0 and bool(s.has_entropy_ema)  # ... but the EMA starts
+    assert f(s.current_target) == pytest.approx(0.8) and bool(s.has_target)
     s = upd(s, 1.0, 1, SCHED)
     np.testing.assert_allclose(f(s.tau), 0.4900993366533776, rtol=1e-6)
     np.testing.assert_allclose(f(s.denom), f(s.tau), rtol=0)
@@ -105,27 +107,67 @@ def test_tau_nonfinite_entropy_is_skipped():
             np.testing.assert_array_equal(a, b)
 
 
-def test_tau_nan_first_measurement_sets_the_ema_to_tau_as_maxent_grpo():
-    """maxent_grpo's ``_ensure_tau_history``: an unset EMA takes the measurement, or tau when the
-    measurement is not finite; the update itself is then skipped. The EMA never becomes NaN."""
+def _same(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_tau_invalid_first_measurement_changes_nothing():
+    """An invalid measurement (non-finite, ``valid=False``, or a WeightEntropy of an all-masked
+    batch) leaves even an unset EMA unset; the next valid one starts it with itself."""
     fresh = ctl(0.5, 0.0)
-    for bad in (float("nan"), float("inf")):
-        out = M.update_tau(fresh, bad, 5, SCHED)
-        assert f(out.entropy_ema) == 0.5  # tau, the original's default
-        assert f(out.tau) == 0.5 and math.isnan(f(out.current_target))  # skipped
-        for name in ("tau", "beta", "denom", "log_tau", "last_tau_grad", "last_beta_grad"):
-            assert f(getattr(out, name)) == f(getattr(fresh, name)), name
-        # the next finite measurement is smoothed against that value, as in the original
+    empty = M.weight_entropy(jnp.zeros((2, 3)), jnp.zeros((2, 3), bool))
+    assert int(empty.count) == 0 and not bool(empty.valid) and float(empty.mean) == 0.0
+    for out in (M.update_tau(fresh, float("nan"), 5, SCHED), M.update_tau(fresh, float("inf"), 5, SCHED),
+                M.update_tau(fresh, 1.0, 5, SCHED, valid=False), M.update_tau(fresh, empty, 5, SCHED)):
+        _same(out, fresh)
         nxt = M.update_tau(out, 1.0, 6, SCHED)
-        np.testing.assert_allclose(f(nxt.entropy_ema), 0.9 * 0.5 + 0.1 * 1.0, rtol=1e-6)
-        np.testing.assert_allclose(f(nxt.tau), 0.5 * math.exp(0.1 * (0.8 - 0.55)), rtol=1e-6)
+        assert f(nxt.entropy_ema) == 1.0 and bool(nxt.has_entropy_ema)
+        np.testing.assert_allclose(f(nxt.tau), 0.5 * math.exp(0.1 * (0.8 - 1.0)), rtol=1e-6)
     # a finite first measurement initialises the EMA with itself
     assert f(M.update_tau(fresh, 1.3, 0, SCHED).entropy_ema) == pytest.approx(1.3)
 
 
+def _masked_batch_entropy(all_masked: bool, nan: bool = False):
+    """The WeightEntropy of a batch: ordinary, all masked, or all NaN weights."""
+    w = jnp.array([[0.7, 0.2, 0.1], [0.5, 0.5, 0.0]])
+    mask = jnp.array([[True, True, True], [True, True, False]])
+    if nan:
+        w = jnp.full_like(w, jnp.nan)
+    return M.weight_entropy(w, jnp.zeros_like(mask) if all_masked else mask)
+
+
+@pytest.mark.parametrize("kind", ["all_masked", "all_nan"])
+def test_controllers_ignore_a_measurement_of_nothing(kind):
+    """All-masked and all-NaN batches measure nothing: tau, beta, the EMA (and the flags) stay;
+    an ordinary batch moves them as before."""
+    s = M.update_tau(ctl(0.5, 0.1), 1.3, 1, SCHED)  # EMA set, tau moved once
+    bad = _masked_batch_entropy(all_masked=kind == "all_masked", nan=kind == "all_nan")
+    assert int(bad.count) == 0 and float(bad.mean) == 0.0  # 0 by convention, flagged as nothing
+    _same(M.update_tau(s, bad, 5, SCHED), s)
+    _same(jax.jit(M.update_tau)(s, bad, 5, SCHED), s)
+    # the KL and meta rules take the same flag (e.g. a KL over zero tokens)
+    kl = M.KLController(target=0.1, horizon=10, step_size=0.2)
+    _same(M.update_beta(s, 0.0, kl, valid=bad.valid), s)
+    g = M.analytic_meta_grads(bad, 0.8, 0.0, 0.1, kl_valid=bad.valid)
+    assert not bool(g.tau_valid) and not bool(g.beta_valid) and float(g.tau_grad) == 0.0
+    out, changed = M.meta_update(s, g.tau_grad, g.beta_grad, META, tau_valid=g.tau_valid, beta_valid=g.beta_valid)
+    assert not bool(changed)
+    _same(out, s)
+    # a valid measurement moves them as before: the same as passing its mean
+    good = _masked_batch_entropy(all_masked=False)
+    assert int(good.count) == 2 and bool(good.valid)
+    moved = M.update_tau(s, good, 5, SCHED)
+    _same(moved, M.update_tau(s, float(good.mean), 5, SCHED))
+    ema = 0.9 * f(s.entropy_ema) + 0.1 * f(good.mean)
+    np.testing.assert_allclose(f(moved.entropy_ema), ema, rtol=1e-6)
+    np.testing.assert_allclose(f(moved.tau), f(s.tau) * math.exp(0.1 * (0.8 - ema)), rtol=1e-5)
+    np.testing.assert_allclose(f(M.update_beta(s, 0.2, kl, valid=good.valid).beta), 0.1 * 1.02, rtol=1e-6)
+
+
 def test_tau_tiny_error_updates_ema_only():
     sched = SCHED.replace(target_entropy=0.0)
-    s = ctl(0.5, 0.0).replace(denom=jnp.float32(0.7), entropy_ema=jnp.float32(1e-3))
+    s = ctl(0.5, 0.0).replace(denom=jnp.float32(0.7), entropy_ema=jnp.float32(1e-3), has_entropy_ema=jnp.asarray(True))
     s = M.update_tau(s, 0.0, 2, sched)  # EMA moves to 9e-4; err = -9e-4: a step
     assert f(s.entropy_ema) == pytest.approx(9e-4) and f(s.tau) < 0.5 and f(s.denom) == f(s.tau)
     s = s.replace(denom=jnp.float32(0.7), entropy_ema=jnp.float32(0.0))
@@ -135,11 +177,14 @@ def test_tau_tiny_error_updates_ema_only():
 
 
 def test_tau_disabled_without_target():
-    for sched in (M.TauSchedule(learning_rate=0.1), SCHED.replace(target_entropy=jnp.float32(jnp.nan))):
+    for sched in (M.TauSchedule(learning_rate=0.1), SCHED.replace(target_entropy=None)):
         s = M.update_tau(ctl(0.5, 0.0), 1.0, 10, sched)
         assert f(s.tau) == 0.5
-        assert math.isnan(f(s.current_target))
-        assert f(s.entropy_ema) == 1.0
+        assert not bool(s.has_target) and f(s.current_target) == 0.0
+        assert f(s.entropy_ema) == 1.0 and bool(s.has_entropy_ema)
+    assert sched.normalized().target_entropy is None  # unset stays None: no NaN leaf
+    with pytest.raises(ValueError, match="target_entropy must be finite and >= 0.0, got nan"):
+        SCHED.replace(target_entropy=float("nan"))  # NaN is not a spelling of "unset"
 
 
 def test_tau_clamps():
@@ -156,13 +201,22 @@ def test_tau_annealed_target():
     sched = M.TauSchedule(target_entropy=1.0, target_entropy_start=2.0, target_entropy_final=0.0,
                           target_entropy_horizon=10, learning_rate=0.1)
     for step, want in [(-3, 2.0), (0, 2.0), (5, 1.0), (10, 0.0), (20, 0.0)]:
-        np.testing.assert_allclose(f(M.target_entropy_at(sched, step)), want, atol=1e-6)
+        t, has = M.target_entropy_at(sched, step)
+        np.testing.assert_allclose(f(t), want, atol=1e-6)
+        assert bool(has)
     only_final = M.TauSchedule(target_entropy=1.0, target_entropy_final=0.3)
-    assert f(M.target_entropy_at(only_final, 7)) == pytest.approx(0.3)  # horizon 0 -> final
+    assert f(M.target_entropy_at(only_final, 7)[0]) == pytest.approx(0.3)  # horizon 0 -> final
     only_start = M.TauSchedule(target_entropy=1.0, target_entropy_start=0.0, target_entropy_horizon=4)
-    assert f(M.target_entropy_at(only_start, 2)) == pytest.approx(0.5)  # final defaults to target
+    assert f(M.target_entropy_at(only_start, 2)[0]) == pytest.approx(0.5)  # final defaults to target
+    # a value the rule needs is unset: no target (0, False), never NaN
+    for sch, step in [(M.TauSchedule(), 3), (M.TauSchedule(target_entropy_start=1.0), 3),
+                      (M.TauSchedule(target_entropy_final=0.3, target_entropy_horizon=4), 2)]:
+        t, has = M.target_entropy_at(sch, step)
+        assert f(t) == 0.0 and not bool(has)
+    t, has = M.target_entropy_at(M.TauSchedule(target_entropy_final=0.3), 2)  # no ramp: final at once
+    assert f(t) == pytest.approx(0.3) and bool(has)
     s = M.update_tau(ctl(0.5, 0.0), 1.0, 5, sched)
-    assert f(s.current_target) == pytest.approx(1.0)
+    assert f(s.current_target) == pytest.approx(1.0) and bool(s.has_target)
 
 
 def test_tau_lr_scale():
@@ -255,12 +309,22 @@ def test_meta_inactive_cases():
 
 
 def test_analytic_grads_and_interval():
-    tg, bg = M.analytic_meta_grads(1.2, 0.8, 0.3, 0.1)
-    np.testing.assert_allclose([f(tg), f(bg)], [0.4, 0.2], rtol=1e-6)
-    _, bg = M.analytic_meta_grads(1.2, 0.8, 0.3, 0.0)
-    assert math.isnan(f(bg))  # skipped by meta_update
-    _, bg = M.analytic_meta_grads(1.2, 0.8)
-    assert math.isnan(f(bg))
+    g = M.analytic_meta_grads(1.2, 0.8, 0.3, 0.1)
+    np.testing.assert_allclose([f(g.tau_grad), f(g.beta_grad)], [0.4, 0.2], rtol=1e-6)
+    assert bool(g.tau_valid) and bool(g.beta_valid)
+    # a gradient that does not apply is 0 and flagged (meta_update skips it), never NaN
+    for g in (M.analytic_meta_grads(1.2, 0.8, 0.3, 0.0), M.analytic_meta_grads(1.2, 0.8),
+              M.analytic_meta_grads(1.2, 0.8, float("nan"), 0.1), M.analytic_meta_grads(1.2, 0.8, 0.3, 0.1,
+                                                                                         kl_valid=False)):
+        assert f(g.beta_grad) == 0.0 and not bool(g.beta_valid) and bool(g.tau_valid)
+    for g in (M.analytic_meta_grads(1.2, None, 0.3, 0.1), M.analytic_meta_grads(1.2, 0.8, 0.3, 0.1, valid=False),
+              M.analytic_meta_grads(1.2, 0.8, 0.3, 0.1, target_valid=False)):
+        assert f(g.tau_grad) == 0.0 and not bool(g.tau_valid) and bool(g.beta_valid)
+    s = ctl(0.5, 0.1)
+    out, changed = M.meta_update(s, 1.0, 1.0, META, tau_valid=False, beta_valid=False)
+    assert not bool(changed) and f(out.tau) == 0.5 and f(out.beta) == pytest.approx(0.1)
+    out, changed = M.meta_update(s, 1.0, 1.0, META, tau_valid=False)
+    assert bool(changed) and f(out.tau) == 0.5 and f(out.beta) == pytest.approx(0.2)
     meta = META.replace(update_interval=3)
     assert [bool(M.meta_should_update(meta, k)) for k in range(5)] == [True, False, False, True, False]
 
@@ -317,12 +381,12 @@ def test_contract_meta_update(tmp_path):
 def test_vmap_over_schedules_matches_loop():
     """A sweep over (tau0, target, lr) runs the same masked rule per element, early exits included."""
     states = jax.vmap(ctl)(jnp.array([0.3, 0.5, 0.7, 0.9]), jnp.zeros(4))
-    scheds = M.TauSchedule(target_entropy=jnp.array([0.8, jnp.nan, 1.0, 0.5]),
+    scheds = M.TauSchedule(target_entropy=jnp.array([0.8, 1.4, 1.0, 0.5]),
                            learning_rate=jnp.array([0.1, 0.1, 0.0, 5.0]),
                            minimum_value=jnp.full(4, 0.05), maximum_value=jnp.array([2.0, 2.0, 2.0, 0.0]),
                            warmup_steps=jnp.array([0, 0, 10, 0], jnp.int32),
                            target_entropy_horizon=jnp.zeros(4, jnp.int32))
-    ents = jnp.array([1.0, 1.0, jnp.nan, -3.0])
+    ents = jnp.array([1.0, 1.0, jnp.nan, -3.0])  # a NaN measurement is skipped in its member only
 
     def run(s, h, sch):
         for step in range(3):
@@ -345,7 +409,8 @@ def test_config_and_init():
     cfg = M.config(0.5, 0.04, schedule=SCHED, kl=M.KLController(0.05, 10, 0.2), meta=META)
     for leaf in jax.tree.leaves(cfg):
         assert isinstance(leaf, jax.Array) and leaf.dtype in (jnp.float32, jnp.int32, jnp.bool_), leaf
-    assert math.isnan(float(M.config(0.5, 0.0).schedule.target_entropy))  # unset target
+    assert M.config(0.5, 0.0).schedule.target_entropy is None  # unset target: no leaf, no NaN
+    assert M.config(0.5, 0.0).denom is None  # denom = tau
     s = M.init(cfg)
     assert_trees_equal = lambda a, b: [np.testing.assert_array_equal(x, y)  # noqa: E731
                                        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]

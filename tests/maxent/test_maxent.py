@@ -51,6 +51,7 @@ def ref_advantages(rows, scale="group", eps=1e-4, ddof=1, baseline="mean"):
 
 
 def ref_weights(q, ref, tok, tau, beta, denom=None, include_ref=True):
+    """A direct NumPy transcription of maxent_grpo's weight rule (any finite tau / beta / denom)."""
     d = denom if (denom is not None and denom > 0) else (tau if tau > 0 else 1e-8)
     s = np.log(np.maximum(np.asarray(q, float), 1e-12))
     if include_ref and beta > 0:
@@ -168,8 +169,9 @@ def test_tiny_temperature_and_tau_zero():
     np.testing.assert_array_equal(M.q_distribution(u, temperature=0.0, epsilon=0.0), [[0.0, 0.5, 0.0, 0.5]])
     w = M.weight_matrix(jnp.array([[0.2, 0.5, 0.3]]), jnp.zeros((1, 3)), tau=0.0, beta=0.0)
     np.testing.assert_allclose(w, [[0.0, 1.0, 0.0]], atol=1e-7)
-    with pytest.raises(ValueError, match=r"tau must be finite and >= 0.0, got -1.0"):  # maxent.config's range
-        M.weight_matrix(jnp.array([[0.2, 0.5, 0.3]]), jnp.zeros((1, 3)), tau=-1.0, beta=0.0, denom=-2.0)
+    # maxent_grpo's meaning of settings config refuses: denom <= 0 -> tau <= 0 -> 1e-8, the same hard limit
+    w = M.weight_matrix(jnp.array([[0.2, 0.5, 0.3]]), jnp.zeros((1, 3)), tau=-1.0, beta=-0.5, denom=-2.0)
+    np.testing.assert_allclose(w, [[0.0, 1.0, 0.0]], atol=1e-7)
 
 
 def test_large_magnitudes_no_overflow():
@@ -213,8 +215,9 @@ def test_empty_rows_and_batch():
     u = jnp.zeros((3, 4))
     mask = jnp.zeros((3, 4), bool)
     _, out = mstep(ctl(0.5, 0.1), u, u, u, mask)
-    assert math.isnan(float(out.kl))  # no KL measured
-    for leaf in jax.tree.leaves(out.replace(kl=None, tau=None, beta=None, entropy_target=None)):
+    assert float(out.kl) == 0.0 and not bool(out.has_kl)  # no KL measured: a flag, not NaN
+    assert int(out.entropy.count) == 0 and not bool(out.entropy.valid)
+    for leaf in jax.tree.leaves(out.replace(tau=None, beta=None)):
         assert np.all(np.asarray(leaf, float) == 0)
     m, s = M.reward_moments(jnp.zeros((0, 4)))
     assert float(m) == 0.0 and float(s) == 0.0
@@ -301,9 +304,12 @@ def test_weight_matrix_rules():
     q = np.array([[0.1, 0.6, 0.3]])
     ref = np.array([[-0.2, -3.0, -1.0]])
     tok = np.array([[3.0, 1.0, 0.0]])
-    # (negative tau / beta / denom are refused like maxent.config's; 0 takes the spec's fallbacks)
+    # the formula for every finite setting, as maxent_grpo defines it: beta <= 0 drops the reference
+    # term, denom <= 0 falls back to tau, tau <= 0 to 1e-8 (settings maxent.config refuses included)
     for tau, beta, denom in [(0.5, 0.2, None), (0.5, 0.2, 0.8), (0.5, 0.2, 0.0), (0.5, 0.0, None),
-                             (0.0, 0.2, None), (2.0, 1.0, 3.0)]:
+                             (0.0, 0.2, None), (2.0, 1.0, 3.0), (0.5, -0.3, None), (0.5, -0.3, 0.8),
+                             (0.5, 0.2, -2.0), (1.5, 0.2, -1e-3), (-1.0, 0.2, 0.7), (-1.0, 0.2, None),
+                             (-1.0, -1.0, -1.0)]:
         w = M.weight_matrix(q, ref, tok, tau=tau, beta=beta, denom=denom)
         np.testing.assert_allclose(w[0], ref_weights(q[0], ref[0], tok[0], tau, beta, denom), rtol=2e-6,
                                    atol=1e-30, err_msg=str((tau, beta, denom)))
@@ -558,7 +564,9 @@ def test_step_without_tokens_matches():
     np.testing.assert_allclose(out.weights, w, rtol=2e-6, atol=1e-8)
     np.testing.assert_allclose(out.entropy.per_group, h, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out.max_weight, jnp.max(w), rtol=1e-6)
-    assert_trees_close(new.replace(entropy_ema=s.entropy_ema), s)  # no schedule, no KL: only the EMA is set
+    # no schedule, no KL: only the EMA is set
+    assert bool(new.has_entropy_ema) and float(new.entropy_ema) == pytest.approx(float(out.entropy.mean))
+    assert_trees_close(new.replace(entropy_ema=s.entropy_ema, has_entropy_ema=s.has_entropy_ema), s)
 
 
 def _cfg(tau, beta, temp, eps_q=1e-6):
@@ -641,7 +649,7 @@ def test_huge_reward_gives_finite_outputs_every_scale():
     ref = -jnp.ones_like(u)
     for scale in ("group", "batch", "none"):
         _, out = mstep(ctl(0.5, 0.04), u, ref, None, None, CFG, global_step=3, scale=scale)
-        for leaf in jax.tree.leaves(out.replace(kl=0.0)):  # kl is NaN: none was measured
+        for leaf in jax.tree.leaves(out):  # no KL measured: 0 and a flag, never NaN
             assert np.all(np.isfinite(np.asarray(leaf, float))), scale
         np.testing.assert_allclose(np.asarray(out.weights).sum(1), 1.0, rtol=1e-5)
         # the ordinary row is untouched by its huge neighbours with per-group scaling
@@ -663,6 +671,24 @@ def test_all_masked_batch_leaves_state_exactly_unchanged():
         np.testing.assert_array_equal(out.weights, 0.0)
 
 
+def test_step_kl_valid_flag():
+    """A KL flagged as not measured (``kl_valid=False``) or non-finite moves nothing; a valid one moves beta."""
+    u, ref, tok, mask = _batch()
+    cfg = M.config(0.5, 0.04, schedule=SCHED, kl=M.KLController(0.05, 10, 0.2))
+    s = M.init(cfg)
+    none_state, none_out = M.step(s, u, ref, cfg, token_counts=tok, mask=mask, global_step=3)
+    for kl, ok in ((0.2, False), (float("nan"), True), (float("inf"), True)):
+        new, out = M.step(s, u, ref, cfg, token_counts=tok, mask=mask, global_step=3, measured_kl=kl,
+                          kl_valid=ok)
+        assert_trees_close(new, none_state)
+        assert float(out.kl) == 0.0 and not bool(out.has_kl)
+    new, out = jax.jit(M.step)(s, u, ref, cfg, token_counts=tok, mask=mask, global_step=3, measured_kl=0.2,
+                               kl_valid=jnp.asarray(True))
+    np.testing.assert_allclose(float(new.beta), 0.04 * 1.02, rtol=1e-6)  # err = 3, clipped to 0.2
+    assert float(out.kl) == pytest.approx(0.2) and bool(out.has_kl)
+    assert bool(out.has_entropy_target) and float(out.entropy_target) == pytest.approx(1.2)
+
+
 def test_metrics_dict_flat_floats():
     u, ref, tok, mask = _batch()
     cfg = M.config(0.5, 0.04, schedule=SCHED, kl=M.KLController(0.05, 10, 0.2))
@@ -675,9 +701,14 @@ def test_metrics_dict_flat_floats():
     assert d["maxent/kl"] == pytest.approx(0.07)
     assert d["maxent/n_invalid"] == 1.0  # the NaN reward
     _, no_kl = mstep(M.init(cfg), u, ref, tok, mask, cfg)
-    assert "maxent/kl" not in M.metrics_dict(no_kl, cfg)
+    assert "maxent/kl" not in M.metrics_dict(no_kl, cfg) and not bool(no_kl.has_kl)
+    _, bad_kl = mstep(M.init(cfg), u, ref, tok, mask, cfg, measured_kl=float("nan"))
+    assert "maxent/kl" not in M.metrics_dict(bad_kl, cfg) and float(bad_kl.kl) == 0.0
     st = M.metrics_dict(new, cfg)
     assert st["maxent/tau"] == d["maxent/tau"] and st["maxent/current_target"] == pytest.approx(1.2)
+    assert "maxent/has_target" not in st and "maxent/has_entropy_ema" not in st  # flags decide, not logged
+    fresh = M.metrics_dict(M.init(cfg), cfg)
+    assert "maxent/entropy_ema" not in fresh and "maxent/current_target" not in fresh  # not measured yet
     with pytest.raises(ValueError, match="MaxEntStepOutput or a ControllerState"):
         M.metrics_dict({"tau": 1.0}, cfg)
 

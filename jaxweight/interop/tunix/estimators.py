@@ -142,7 +142,7 @@ class MaxEntAdvantageEstimator:
 
     def weights(self, rewards: Any, num_generations: int, *, update: bool = True, ref_logp: Any = None,
                 token_counts: Any = None, truncated: Any = None, measured_kl: Any = None,
-                cfg: maxent.MaxEntConfig | None = None) -> maxent.MaxEntStepOutput:
+                kl_valid: Any = True, cfg: maxent.MaxEntConfig | None = None) -> maxent.MaxEntStepOutput:
         """One :func:`jaxweight.maxent.step` on flat tunix inputs; the state advances iff ``update``.
 
         Args:
@@ -153,6 +153,7 @@ class MaxEntAdvantageEstimator:
             completion lengths; :class:`MaxEntGRPOLearner` fills them in).
           truncated: bool[P*G] or None (zero-truncation of unfinished completions).
           measured_kl: f32[] or None (the beta controller's input).
+          kl_valid: bool[] whether ``measured_kl`` measured anything (False: the beta controller skips it).
           cfg: overrides ``self.cfg`` for this call (the learner's reference-term config).
 
         Returns:
@@ -166,7 +167,8 @@ class MaxEntAdvantageEstimator:
         kl = None if measured_kl is None else jnp.asarray(measured_kl, jnp.float32)
         with self._lock:
             state, out = self._step(self.state, u, ref, cfg, token_counts=tok, truncated=trunc,
-                                    global_step=self.calls, measured_kl=kl)
+                                    global_step=self.calls, measured_kl=kl,
+                                    kl_valid=jnp.asarray(kl_valid, bool))
             if update:
                 self.state = state
                 self.calls = self.calls + 1

@@ -112,6 +112,7 @@ class MaxEntGRPOLearner(grpo_learner.GRPOLearner):
         mask = ex.completion_mask
         tokens = jnp.sum(jnp.asarray(mask, jnp.float32), axis=-1)
         ref = kl = policy = None
+        kl_valid = True
         if ex.ref_per_token_logps is not None or self.seed_alpha is not None:
             per_tok = ex.old_per_token_logps
             if per_tok is None:
@@ -123,12 +124,13 @@ class MaxEntGRPOLearner(grpo_learner.GRPOLearner):
             m = jnp.asarray(mask, jnp.float32)
             kl = jnp.sum((jnp.asarray(per_tok, jnp.float32) - ex.ref_per_token_logps) * m) / jnp.maximum(
                 jnp.sum(m), 1.0)
+            kl_valid = jnp.sum(m) > 0  # a KL over no token measured nothing: the beta controller skips it
         truncated = None
         if self.truncate_unfinished:
             limit = self.rl_cluster.get_rollout_config(mode).max_tokens_to_generate
             truncated = tokens >= limit
         out = est.weights(rewards, g, update=train, ref_logp=ref, token_counts=tokens, truncated=truncated,
-                          measured_kl=kl, cfg=self.maxent_cfg)
+                          measured_kl=kl, kl_valid=kl_valid, cfg=self.maxent_cfg)
         done = int(est.calls)
         if train and self.save_dir is not None and self.save_every and done % self.save_every == 0:
             est.save(self.save_dir / f"maxent_{done}.ckpt", step=done)  # what tunix step `done` resumes from
