@@ -33,8 +33,6 @@ __all__ = [
     "masked_count",
     "masked_mean",
     "masked_std",
-    "masked_softmax",
-    "masked_log_softmax",
     "atomic_write_bytes",
     "atomic_write_json",
 ]
@@ -177,35 +175,8 @@ def masked_std(
     return out
 
 
-def _shifted_exp(logits: Array, mask: Array | None, axis: int):
-    """The pieces both masked softmaxes share: mask, masked logits, row max, exp, row sum."""
-    m = _mask_like(logits, mask)
-    z = jnp.where(m, logits, -jnp.inf)
-    mx = jnp.max(z, axis=axis, keepdims=True)
-    mx = jnp.where(jnp.isfinite(mx), mx, 0.0)
-    e = jnp.where(m, jnp.exp(z - mx), 0.0)
-    return m, z, mx, e, jnp.sum(e, axis=axis, keepdims=True)
-
-
-def masked_log_softmax(logits: Array, mask: Array | None, axis: int = -1) -> Array:
-    """log-softmax over masked-in entries; masked entries get ``-inf``.
-
-    A row with nothing masked in gives all ``-inf`` (its softmax is all zeros).
-    Entries that are masked in but ``-inf`` stay ``-inf``; NaN inputs under the
-    mask never leak into other entries.
-    """
-    m, z, mx, _, s = _shifted_exp(logits, mask, axis)
-    lse = jnp.log(jnp.where(s > 0, s, 1.0)) + mx
-    return jnp.where(m & (s > 0), z - lse, -jnp.inf)
-
-
-def masked_softmax(logits: Array, mask: Array | None, axis: int = -1) -> Array:
-    """softmax over masked-in entries; masked entries and empty rows give 0 (never NaN)."""
-    _, _, _, e, s = _shifted_exp(logits, mask, axis)
-    return jnp.where(s > 0, e / jnp.where(s > 0, s, 1.0), 0.0)
-
-
 # --------------------------------------------------------- file helpers
+
 def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)

@@ -39,7 +39,11 @@ def listwise_loss(seq_logp: Any, weights: Any, valid: Any, group_scale: Any = No
     s = jnp.asarray(seq_logp, jnp.float32)
     valid = jnp.asarray(valid, bool)
     w = jnp.where(valid, jnp.asarray(weights, jnp.float32), 0.0)
-    logq = jax.nn.log_softmax(jnp.where(valid, s, -jnp.inf), axis=-1)
+    # log-softmax over the valid entries, with finite masks only (runs under jax_debug_infs)
+    mx = jnp.max(jnp.where(valid, s, 0.0), axis=-1, keepdims=True, initial=0.0, where=valid)
+    e = jnp.where(valid, jnp.exp(jnp.where(valid, s - mx, 0.0)), 0.0)
+    tot = jnp.sum(e, axis=-1, keepdims=True)
+    logq = jnp.where(valid, s - mx - jnp.log(jnp.where(tot > 0, tot, 1.0)), 0.0)
     per_group = -jnp.sum(jnp.where(valid, w * jnp.where(valid, logq, 0.0), 0.0), axis=-1)
     if group_scale is not None:
         per_group = per_group * jnp.asarray(group_scale, jnp.float32)
