@@ -4,6 +4,10 @@ Preference learning needs episodes of one fixed length (with early termination
 all CartPole fragments tie and the length leaks the reward), as in seals:
 :class:`FixedHorizonCartPole` (500 steps, reward 1 while upright and in bounds)
 and :class:`FixedHorizonPendulum` (200 steps) are the gymnax counterparts.
+:func:`make_env` is the one factory: a built-in id, ``"gymnax:<id>"`` (any
+gymnax environment, absorbing after termination:
+:mod:`~jaxweight.preference.fixed_horizon`), ``"brax:<name>"`` (reserved) or
+a user's gymnax ``Environment`` object (the protocol is in its docstring).
 :class:`LearnedRewardEnv` replaces the reward with a learned one whose params
 ride in the env params (:class:`LearnedRewardParams`), so a new reward model
 never recompiles the agent; the true reward stays in ``info["true_reward"]``.
@@ -36,6 +40,7 @@ from gymnax.environments.classic_control import cartpole as _cartpole
 from gymnax.environments.classic_control import pendulum as _pendulum
 
 from .._util import concrete
+from . import env_ids
 
 __all__ = [
     "SquashedObsReward",
@@ -328,18 +333,23 @@ def reward_net(
     use_action: bool = False,
     use_next_state: bool = False,
 ) -> nn.Module:
-    """The reward network the preference demo uses for a built-in environment.
+    """The reward network the preference demo uses for a built-in or ``"gymnax:..."`` environment.
 
     A :class:`~jaxweight.preference.RewardMLP` on squashed observations
-    (:class:`SquashedObsReward` with the environment's ``obs_scale``). By
-    default it sees the state only: both built-in true rewards are functions
-    of the state (up to Pendulum's tiny torque cost), and an action input lets
+    (:class:`SquashedObsReward` with the environment's ``obs_scale``; for a
+    :class:`~jaxweight.preference.fixed_horizon.FixedHorizon` env, the bounds of
+    its observation space). By default it sees the state only: both built-in
+    true rewards are functions of the state (up to Pendulum's tiny torque
+    cost), as are gymnax CartPole-v1's and MountainCar-v0's once absorbing
+    (reward 0 exactly on the terminal observation), and an action input lets
     the first reward model, fitted on random-policy data, credit an action
     that merely co-occurs with good states, which a PPO agent then turns into
-    a deterministic policy it cannot unlearn.
+    a deterministic policy it cannot unlearn. Rewards paid on arrival
+    (gymnax Acrobot-v1's and MountainCarContinuous-v0's goal step) need
+    ``use_next_state=True`` to be represented exactly.
 
     Args:
-      env: a built-in environment (needs ``obs_scale``).
+      env: a built-in or ``FixedHorizon`` environment (needs ``obs_scale`` and ``obs_shape``).
       env_params: its params (default ``env.default_params``).
       hidden_sizes: MLP widths.
       use_action, use_next_state: extra inputs of the MLP.
@@ -355,7 +365,8 @@ def reward_net(
         hidden_sizes=tuple(hidden_sizes), use_state=True, use_action=use_action, use_next_state=use_next_state,
         observation_space=Box(tuple(env.obs_shape)), action_space=act_space,
     )
-    return SquashedObsReward(mlp, tuple(float(v) for v in env.obs_scale))
+    scale = env.obs_scale  # flat for the built-ins; FixedHorizon's is nested floats of obs_shape already
+    return SquashedObsReward(mlp, tuple(float(v) for v in scale) if np.ndim(scale) == 1 else scale)
 
 
 #: name -> constructor of the built-in fixed-horizon environments.
@@ -372,7 +383,9 @@ def oracle_reward(env: environment.Environment, env_params: Any) -> RewardFn:
     perfectly learned reward model would (the quality ceiling of the loop).
     """
     if not hasattr(env, "transition_reward"):
-        raise ValueError(f"{type(env).__name__} has no transition_reward; use a built-in environment")
+        raise ValueError(
+            f"{type(env).__name__} has no transition_reward: its true reward comes from step_env only (the "
+            "sampled trajectories record it); train on it with reward_apply=None, or use a built-in environment")
 
     def reward_apply(reward_params, obs, action, next_obs, done):
         del reward_params
@@ -381,18 +394,104 @@ def oracle_reward(env: environment.Environment, env_params: Any) -> RewardFn:
     return reward_apply
 
 
-def make_env(name: str, **kwargs) -> tuple[environment.Environment, Any]:
-    """``(env, default_params)`` of a built-in fixed-horizon environment.
+def make_env(env: str | environment.Environment, *, horizon: int | None = None,
+             **kwargs) -> tuple[environment.Environment, Any]:
+    """``(env, env_params)`` of a fixed-horizon environment named by id, or of a user's environment.
+
+    Every environment it returns runs exactly ``params.max_steps_in_episode``
+    steps per episode (``env.fixed_horizon`` is True), as preference learning
+    needs (seals): early termination would leak the reward through the length.
 
     Args:
-      name: ``"cartpole"`` (:class:`FixedHorizonCartPole`, horizon 500) or
-        ``"pendulum"`` (:class:`FixedHorizonPendulum`, horizon 200).
-      **kwargs: passed to the constructor (e.g. ``horizon=``).
+      env: an id or an environment object:
+
+        - ``"cartpole"`` / ``"pendulum"``: :class:`FixedHorizonCartPole`
+          (horizon 500) / :class:`FixedHorizonPendulum` (horizon 200);
+        - ``"gymnax:<id>"``: any id of ``gymnax.registered_envs``
+          (``"gymnax:Acrobot-v1"``, ``"gymnax:MountainCar-v0"``,
+          ``"gymnax:MountainCarContinuous-v0"``...), wrapped in
+          :class:`~jaxweight.preference.fixed_horizon.FixedHorizon`: after a
+          termination the episode absorbs (terminal observation repeated,
+          reward 0) until the horizon, as seals' ``AbsorbAfterDoneWrapper``;
+        - ``"brax:<name>"``: reserved for brax (needs ``pip install 'jaxweight[brax]'``);
+        - a user's environment: an object with the gymnax ``Environment``
+          interface, wrapped in ``FixedHorizon`` the same way. It needs
+          ``default_params`` (their ``max_steps_in_episode``, when finite, is
+          the default horizon), ``reset_env(key, params) -> (obs, state)``,
+          ``step_env(key, state, action, params) -> (obs, state, reward,
+          terminated, info)`` without auto-reset, ``get_obs``,
+          ``action_space(params)`` (``Discrete`` or ``Box``) and
+          ``observation_space(params)`` (a ``Box``). The true reward is the
+          ``reward`` of ``step_env``: the generator records it in the sampled
+          trajectories, which is what the synthetic teacher compares. Give it
+          ``transition_reward(params, obs, action, next_obs, done) -> f32[]``
+          only to use :func:`oracle_reward`. An object that is already
+          fixed-horizon (``fixed_horizon = True``) is returned as it is.
+      horizon: episode length, an int >= 1; ``None``: the environment's own
+        (500 / 200 for the built-ins; the finite
+        ``default_params.max_steps_in_episode`` otherwise).
+      **kwargs: constructor arguments of the environment an id names.
+
+    Returns:
+      ``(env, env.default_params)``.
+
+    Raises:
+      ValueError: an unknown id (with the close ones and the accepted forms),
+        ``horizon`` not an int >= 1, ``horizon=None`` for an environment
+        without a finite ``max_steps_in_episode``, ``kwargs`` with an object.
+      ImportError: an id whose family's package is not installed (names the
+        extra, e.g. ``pip install 'jaxweight[brax]'``).
+
+    Example::
+
+        import jax, jax.numpy as jnp
+        from flax import struct
+        from gymnax.environments import environment, spaces
+        from jaxweight.preference.envs import make_env
+
+        @struct.dataclass
+        class State:
+            x: jax.Array
+            time: jax.Array
+
+        @struct.dataclass
+        class Params:
+            max_steps_in_episode: int = 30
+
+        class Walk(environment.Environment):  # +-0.25 on a line, reward -|x - 1|, the goal x >= 1 ends it
+            @property
+            def default_params(self):
+                return Params()
+
+            def reset_env(self, key, params):
+                s = State(jnp.zeros(()), jnp.asarray(0, jnp.int32))
+                return self.get_obs(s), s
+
+            def step_env(self, key, s, action, params):
+                s = State(s.x + jnp.where(action == 1, 0.25, -0.25), s.time + 1)
+                return self.get_obs(s), s, -jnp.abs(s.x - 1.0), s.x >= 1.0, {}
+
+            def get_obs(self, s, params=None, key=None):
+                return s.x[None]
+
+            def action_space(self, params=None):
+                return spaces.Discrete(2)
+
+            def observation_space(self, params):
+                return spaces.Box(-10.0, 10.0, (1,), jnp.float32)
+
+        env, params = make_env(Walk())                # horizon 30, from Params
+        obs, s = env.reset(jax.random.key(0), params)
+        for _ in range(6):                            # at the goal after 4 steps, then absorbing
+            obs, s, r, done, info = env.step_env(jax.random.key(1), s, 1, params)
+        assert float(obs[0]) == 1.0 and float(r) == 0.0 and bool(info["absorbing"]) and not bool(done)
+        acrobot, p = make_env("gymnax:Acrobot-v1", horizon=100)
+        assert acrobot.fixed_horizon and p.max_steps_in_episode == 100
     """
-    if name not in ENVS:
-        raise ValueError(f"unknown environment {name!r}; expected one of {sorted(ENVS)}")
-    env = ENVS[name](**kwargs)
-    return env, env.default_params
+    if isinstance(env, str) and env in ENVS:
+        built = ENVS[env](**kwargs) if horizon is None else ENVS[env](horizon=horizon, **kwargs)
+        return built, built.default_params
+    return env_ids.make(env, horizon=horizon, builtins=tuple(ENVS), **kwargs)
 
 
 @struct.dataclass
