@@ -28,6 +28,7 @@ The checks:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -50,6 +51,8 @@ __all__ = [
     "CompileCounter",
     "BAD_INPUT_MODES",
     "run_eager_or_checked",
+    "debug_checks",
+    "checked_and_plain",
 ]
 
 
@@ -258,3 +261,25 @@ def run_eager_or_checked(mode: str, fn: Callable, value: Any) -> Any:
     import jaxweight
 
     return jaxweight.checked(jax.jit(fn))(jnp.float32(value))
+
+
+@contextlib.contextmanager
+def debug_checks():
+    """``jax_debug_nans`` and ``jax_debug_infs`` on: any op that makes a NaN or inf raises.
+
+    Every component must run under it on ordinary input (CONVENTIONS: no NaN or inf as a
+    sentinel in a state or an output).
+    """
+    with jax.debug_nans(True), jax.debug_infs(True):
+        yield
+
+
+def checked_and_plain(f: Callable, jit_or_eager: Callable, *args: Any) -> tuple[Any, Any]:
+    """``(f(*args) under debug_checks(), f(*args) without)``, eager or jitted both times.
+
+    Eager, the checks see every op; jitted, they see the program's outputs.
+    """
+    g = jit_or_eager(f)
+    with debug_checks():
+        got = jax.block_until_ready(g(*args))
+    return got, g(*args)

@@ -8,13 +8,12 @@ runs eager (every op checked) and jitted (outputs checked) and must equal the un
 
 from __future__ import annotations
 
-import contextlib
-
 import jax
 import numpy as np
 import pytest
 
 from jaxweight import awr
+from tests.contracts import assert_trees_close, checked_and_plain, debug_checks
 
 NAN, INF = float("nan"), float("inf")
 B, F, K = 16, 4, 3
@@ -29,27 +28,12 @@ ADV_BAD[3], ADV_BAD[5] = NAN, INF
 MASK = np.arange(B) < 12
 
 
-@contextlib.contextmanager
-def _debug_checks():
-    with jax.debug_nans(True), jax.debug_infs(True):
-        yield
 
-
-def _same(a, b):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
-
-def _checked_and_plain(f, jit_or_eager, *args):
-    g = jit_or_eager(f)
-    with _debug_checks():
-        got = jax.block_until_ready(g(*args))
-    return got, g(*args)
 
 
 @pytest.fixture(scope="module")
 def cfg():
-    with _debug_checks():
+    with debug_checks():
         return awr.config(K, hidden_sizes=(8,))
 
 
@@ -65,8 +49,8 @@ def test_weights_and_loss_with_bad_entries(jit_or_eager):
 
     # the bad data are arguments: a NaN constant closed over by a jitted function is itself
     # reported by jax_debug_nans when it is staged, before any library code runs
-    (w, w_raw, loss, g), plain = _checked_and_plain(f, jit_or_eager, ADV_BAD, lp, MASK)
-    _same((w, w_raw, loss, g), plain)
+    (w, w_raw, loss, g), plain = checked_and_plain(f, jit_or_eager, ADV_BAD, lp, MASK)
+    assert_trees_close((w, w_raw, loss, g), plain)
     ok = MASK & np.isfinite(ADV_BAD)
     assert np.all(np.asarray(w)[~ok] == 0.0)
     np.testing.assert_allclose(np.asarray(w)[ok], awr.awr_weights(ADV_BAD[ok]), rtol=1e-6)
@@ -77,9 +61,9 @@ def test_weights_and_loss_with_bad_entries(jit_or_eager):
 
 def test_all_masked_weights_and_loss_are_zero(jit_or_eager):
     none = np.zeros(B, bool)
-    (w, loss), plain = _checked_and_plain(
+    (w, loss), plain = checked_and_plain(
         lambda adv: (awr.awr_weights(adv, mask=none), awr.awr_loss(adv, adv, mask=none)), jit_or_eager, ADV)
-    _same((w, loss), plain)
+    assert_trees_close((w, loss), plain)
     np.testing.assert_array_equal(w, np.zeros(B, np.float32))
     assert float(loss) == 0.0
 
@@ -92,15 +76,15 @@ def test_init_step_predict_with_bad_rows(cfg, jit_or_eager):
         s1, out = awr.step(s, x_bad, A, adv_bad, cfg, mask=MASK)
         return s, s1, out, awr.predict_log_weights(s1.policy, X), awr.predict_distribution(s1.policy, X[:3])
 
-    (s, s1, out, pred, dist), plain = _checked_and_plain(f, jit_or_eager, jax.random.key(0), X_BAD, ADV_BAD)
-    _same((s, s1, out, pred, dist), plain)
+    (s, s1, out, pred, dist), plain = checked_and_plain(f, jit_or_eager, jax.random.key(0), X_BAD, ADV_BAD)
+    assert_trees_close((s, s1, out, pred, dist), plain)
     assert np.all(np.isfinite(np.asarray(s.policy.feature_mean)))
     assert int(s1.count) == 1
     # rows 2 (NaN feature), 3, 5 (bad advantages) are invalid; rows 12..15 are masked out (not counted)
     assert (float(out["num_valid"]), int(out["n_invalid"])) == (9.0, 3)
     assert all(np.isfinite(float(v)) for v in out.values())
     assert np.all(np.isfinite(np.asarray(pred)))
-    with _debug_checks():
+    with debug_checks():
         m = awr.metrics_dict(out, cfg)
     assert m["awr/n_invalid"] == 3.0 and all(np.isfinite(v) for v in m.values())
 
@@ -108,25 +92,25 @@ def test_init_step_predict_with_bad_rows(cfg, jit_or_eager):
 @pytest.mark.parametrize("rows", ["all_masked", "empty"])
 def test_step_without_a_valid_row_reports_zero_and_keeps_the_state(rows, cfg, jit_or_eager):
     """No valid row: the state is unchanged, the loss and the effective sample size are 0."""
-    with _debug_checks():
+    with debug_checks():
         s0 = awr.init(cfg, 0, X)
     if rows == "empty":
         args, mask = (X[:0], A[:0], ADV[:0]), None
     else:
         args, mask = (X, A, ADV_BAD), np.zeros(B, bool)
-    (s, out), plain = _checked_and_plain(lambda s, *args: awr.step(s, *args, cfg, mask=mask), jit_or_eager,
+    (s, out), plain = checked_and_plain(lambda s, *args: awr.step(s, *args, cfg, mask=mask), jit_or_eager,
                                          s0, *args)
-    _same((s, out), plain)
-    _same(s, s0)
+    assert_trees_close((s, out), plain)
+    assert_trees_close(s, s0)
     assert {k: float(v) for k, v in out.items()} == {
         "loss": 0.0, "num_valid": 0.0, "n_invalid": 0.0, "weight_ess": 0.0, "clipped_fraction": 0.0}
 
 
 def test_fit_weight_policy_with_bad_rows(cfg):
     """The host driver (jitted epochs) under the checks: finite losses, the same as unchecked."""
-    with _debug_checks():
+    with debug_checks():
         params, m = awr.fit_weight_policy(0, X_BAD, A, ADV_BAD, cfg, num_epochs=2, batch_size=5)
     params2, m2 = awr.fit_weight_policy(0, X_BAD, A, ADV_BAD, cfg, num_epochs=2, batch_size=5)
-    _same((params, m), (params2, m2))
+    assert_trees_close((params, m), (params2, m2))
     assert m["loss"].shape == (2,) and np.all(np.isfinite(np.asarray(m["loss"])))
     assert int(m["n_invalid"]) == 3

@@ -8,20 +8,14 @@ leaves through untouched. Each test runs eager and jitted and must equal the unc
 
 from __future__ import annotations
 
-import contextlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxweight import sync
+from tests.contracts import debug_checks
 
-
-@contextlib.contextmanager
-def _debug_checks():
-    with jax.debug_nans(True), jax.debug_infs(True):
-        yield
 
 
 def _learner(t):
@@ -42,7 +36,7 @@ def _run(cfg, steps, jit_or_eager):
 @pytest.mark.parametrize("copy", [False, True])
 def test_counting_and_copying_under_debug_checks(copy, jit_or_eager):
     """Every 3rd step fires; in copy mode the actor holds the learner of the last fire."""
-    with _debug_checks():
+    with debug_checks():
         cfg = sync.config(3, copy_on_same_device=copy)
         fresh = sync.init(cfg)
         m0 = sync.metrics_dict(fresh)
@@ -61,7 +55,7 @@ def test_counting_and_copying_under_debug_checks(copy, jit_or_eager):
 
 def test_staleness_of_a_batch_of_states(jit_or_eager):
     """vmapped states: staleness is an int count per state."""
-    with _debug_checks():
+    with debug_checks():
         cfg = sync.config(2)
         states = jax.vmap(lambda _: sync.init(cfg))(jnp.arange(4))
         f = jit_or_eager(jax.vmap(lambda s, t: sync.step(s, _learner(t), _learner(t), cfg)[0]))
@@ -71,9 +65,9 @@ def test_staleness_of_a_batch_of_states(jit_or_eager):
     assert st.dtype == jnp.int32
 
 
-def test_weight_sync_hook_under_debug_checks():
+def test_weight_sync_hook_underdebug_checks():
     """The host hook: the same counters, finite metrics."""
-    with _debug_checks():
+    with debug_checks():
         hook = sync.WeightSync(2, copy_on_same_device=True)
         actor = sync.place(_learner(0.0), copy=True)
         for t in range(1, 4):
