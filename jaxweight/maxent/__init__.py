@@ -7,7 +7,8 @@ a controller steers to a target. Every quantity here is one vectorised function 
 inputs, invalid entries never affect others and get 0. The component: ``config`` (every
 setting, checked), ``init`` (the controller state), ``step`` (weights + controllers) and
 ``metrics_dict``. Files: ``advantages.py``, ``weights.py``, ``seed.py`` (SEED-GRPO),
-``controllers.py``, ``settings.py`` (config, init), ``pipeline.py``, host helpers ``answers.py``, ``batch.py``.
+``controllers.py``, ``settings.py`` (config, init), ``pipeline.py``, ``loss.py`` (the learner's loss),
+``aggregation.py`` (xDr.GRPO candidate weights for the loss), host helpers ``answers.py``, ``batch.py``.
 
 Example::
 
@@ -24,7 +25,7 @@ Example::
     assert out.weights.shape == (2, 4) and "maxent/tau" in logs
 
 References: maxent-grpo (https://github.com/liv-daliberti/maxent-grpo); GRPO arXiv:2402.03300;
-Dr.GRPO arXiv:2503.20783; RLOO arXiv:2402.14740; SEED-GRPO arXiv:2505.12346.
+Dr.GRPO arXiv:2503.20783; xDr.GRPO (maxent-grpo ``paper/main.tex``); RLOO arXiv:2402.14740; SEED-GRPO arXiv:2505.12346.
 """
 
 from ._common import BASELINES, SCALES
@@ -51,6 +52,7 @@ from .pipeline import MaxEntStepOutput, RewardStatistics, compute_reward_statist
 from .seed import seed_grpo_scale, semantic_entropy
 from .loss import NORMALIZATIONS, k3_kl, policy_loss
 from .dynamic import GroupSelection, select_groups
+from .aggregation import AggregationDiagnostics, aggregation_diagnostics, candidate_weights
 from .weights import (
     WeightEntropy,
     effective_sample_size,
@@ -108,6 +110,9 @@ __all__ = [
     "NORMALIZATIONS",
     "policy_loss",
     "k3_kl",
+    "candidate_weights",
+    "AggregationDiagnostics",
+    "aggregation_diagnostics",
     "GroupSelection",
     "select_groups",
 ]

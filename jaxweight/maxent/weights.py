@@ -183,12 +183,28 @@ def weights_from(q: Array, ref: Array | None, tok: Array | None, valid: Array, t
     placeholders (never ``-inf``), so on finite inputs no intermediate is infinite.
     """
     tau = jnp.asarray(tau, jnp.float32)
-    beta = jnp.asarray(beta, jnp.float32)
     d = _resolve_denom(tau, denom)
     num = jnp.log(jnp.maximum(jnp.where(valid, q, 1.0), Q_FLOOR))
+    return tilted_softmax(num, ref, tok, valid, beta, d)
+
+
+def tilted_softmax(num: Array, ref: Array | None, tok: Array | None, valid: Array, beta: Any, d: Array,
+                   hard: Array | None = None) -> tuple[Array, Array]:
+    """``softmax((num + [beta > 0] beta ref) / d)`` over each row's valid entries (times ``tok``).
+
+    The one weight formula of the package: :func:`weights_from` calls it with ``num = log q``,
+    :func:`~jaxweight.maxent.candidate_weights` with ``num = U``. ``num`` must be finite where
+    ``valid``; ``d > 0``. ``hard`` (bool[], optional) selects the exact ``d -> 0`` limit:
+    uniform over the valid entries at the row's largest ``num`` (the caller passes a safe ``d``).
+    Returns ``(w, log w)`` as :func:`weights_from`.
+    """
+    beta = jnp.asarray(beta, jnp.float32)
     if ref is not None:
         num = num + jnp.where(beta > 0, beta, 0.0) * jnp.where(valid, ref, 0.0)
     s = jnp.where(valid, num / d, LOW)
+    if hard is not None:
+        top_num = jnp.max(jnp.where(valid, num, LOW), axis=-1, keepdims=True, initial=LOW)
+        s = jnp.where(hard, jnp.where(valid & (num == top_num), 0.0, LOW), s)
     mx = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True, initial=LOW))
     # a valid score can overflow to +-inf (huge finite inputs): a row whose largest score is not
     # finite shares its mass among the valid entries at it (+inf: those; all -inf: every one;

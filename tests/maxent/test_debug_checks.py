@@ -82,6 +82,15 @@ CASES = {
     "policy_loss": lambda d: M.policy_loss(*_loss_inputs(d), ref_logp=d["ref"] * 0.4, kl_coef=0.04),
     "policy_loss_token_mean": lambda d: M.policy_loss(*_loss_inputs(d), normalization="token_mean"),
     "k3_kl": lambda d: M.k3_kl(d["ref"] * 0.5, d["ref"]),
+    "candidate_weights": lambda d: M.candidate_weights(d["u"], d["mask"], tau=0.5, lam=0.1, ref_logp=d["ref"]),
+    "candidate_weights_tau0": lambda d: M.candidate_weights(d["u"], d["mask"], tau=0.0),
+    "candidate_weights_vmap_tau": lambda d: jax.vmap(lambda t: M.candidate_weights(d["u"], d["mask"], tau=t))(
+        jnp.array([0.0, 1e-3, 1e9])),
+    "aggregation_diagnostics": lambda d: M.aggregation_diagnostics(M.candidate_weights(d["u"], d["mask"], tau=0.0),
+                                                                   d["u"] - 1.0, d["mask"]),
+    "policy_loss_weights": lambda d: M.policy_loss(
+        *_loss_inputs(d), normalization="constant",
+        weights=M.candidate_weights(d["u"][:, 0][None], d["mask"][:, 0][None], tau=0.5)),
     "select_groups": lambda d: M.select_groups(d["u"], num=3, mask=d["mask"]),
     "select_groups_key": lambda d: M.select_groups(d["u"], num=3, mask=d["mask"], key=jax.random.key(1)),
     # the component
