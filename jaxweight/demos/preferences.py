@@ -31,10 +31,20 @@ Reported per seed and across seeds:
 Quality goals of the default (``cartpole``, 4 seeds): mean return >= 450 of
 500, held-out accuracy >= 90%, wall time <= 10 minutes on a 2-core CPU.
 
+With ``--teacher human`` a person gives the preferences instead, on a labelling
+page (:mod:`jaxweight.label`, the ``label`` extra): the demo prints its URL
+(with a secret token) and every round waits until the person has compared the
+round's pairs, then goes on with its compiled phases. One seed, and a run
+sized for a person: 300 comparisons over 16 rounds, 30 in the first, then 26
+down to 13 (quick: 80, 8 to 20 a round). Every label
+is in ``checkpoints/<env>[_quick]/labels.jsonl``, next to the checkpoint, before
+the page hears OK; ``--resume`` after a kill goes on from the last finished
+round and reuses the labels already given for the next one.
+
 Run ``python -m jaxweight demo preferences [--quick] [--resume] [--out DIR]
-[--env cartpole|pendulum] [--seeds N] [--rounds K] [--comparisons N] [--timesteps N]
-[--fragment-length L] [--members M] [--reward-lr X] [--ppo-lr X] [--strict] [--tensorboard DIR]``
-(``--help`` lists every flag). Outputs go under ``--out`` (default
+[--env cartpole|pendulum] [--teacher synthetic|human] [--port P] [--seeds N] [--rounds K]
+[--comparisons N] [--timesteps N] [--fragment-length L] [--members M] [--reward-lr X] [--ppo-lr X]
+[--strict] [--tensorboard DIR]`` (``--help`` lists every flag). Outputs go under ``--out`` (default
 ``jaxweight-out/preferences/``): ``metrics.jsonl`` (one line per round,
 ``preference/...`` keys), ``<env>.json`` (results), ``<env>.png`` (plot) and
 the checkpoints. Compilation and running are timed apart.
@@ -66,6 +76,12 @@ DEFAULT_OUT = "jaxweight-out/preferences/"
 GOAL_RETURN = {"cartpole": 450.0}
 GOAL_ACCURACY = 0.90
 GOAL_WALL_S = 600.0
+TEACHERS = ("synthetic", "human")
+#: the settings of a run labelled by a person, full and quick: 30 comparisons in round 0, then 8 to 26 a round
+HUMAN_SETTINGS = {False: dict(total_comparisons=300, num_iterations=15), True: dict(total_comparisons=80)}
+#: the modules of the ``label`` extra that ``--teacher human`` needs
+LABEL_MODULES = ("starlette", "uvicorn", "PIL")
+LABELS_NAME = "labels.jsonl"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,13 +104,15 @@ class Settings:
     gamma: float
     ent_coef: float
     reward_learning_rate: float = 1e-3
+    teacher: str = "synthetic"
     eval_episodes: int = 8
     final_episodes: int = 32
     heldout_pairs: int = 2000
     heldout_steps: int = 5000
 
 
-def settings(env: str = "cartpole", quick: bool = False, seeds: int | None = None, **overrides: Any) -> Settings:
+def settings(env: str = "cartpole", quick: bool = False, seeds: int | None = None, teacher: str = "synthetic",
+             **overrides: Any) -> Settings:
     """The demo's settings for ``env`` (``"cartpole"`` or ``"pendulum"``), full or ``quick``.
 
     Teacher: temperature 1, answering with the Bradley-Terry probability
@@ -105,10 +123,22 @@ def settings(env: str = "cartpole", quick: bool = False, seeds: int | None = Non
     out of 500, and only fragments that lie inside that stretch tell "upright"
     apart from "falling".
 
+    ``teacher="human"`` (a person on the labelling page): one seed (more are
+    refused: a person labels one run) and :data:`HUMAN_SETTINGS`: 300
+    comparisons over 16 rounds, 30 in round 0, then 26, 24, ..., 13 (quick: 80,
+    8 to 20 a round). (Measured with a scripted person who always picks the
+    higher true return, cartpole: 500 of 500 in 3 of 4 seeds, 20 in the
+    fourth; an untrained agent falls within ~20 of the 500 steps, so most early
+    pairs tie and teach nothing. 150 comparisons over 11 rounds, 10 to 19 a
+    round, reached 500 in none of 2 seeds.)
+
     ``overrides`` replace fields of the result (``total_timesteps``,
     ``total_comparisons``, ``num_iterations``, ``fragment_length``,
     ``num_members``, ``learning_rate`` (PPO), ``reward_learning_rate``, ...);
     ``None`` values are ignored.
+
+    Raises:
+      ValueError: an unknown env, teacher or setting; ``seeds < 1``; ``seeds > 1`` with a human teacher.
     """
     if env == "cartpole":
         base = dict(total_timesteps=1_000_000, total_comparisons=2_000, num_iterations=10, fragment_length=20,
@@ -126,15 +156,22 @@ def settings(env: str = "cartpole", quick: bool = False, seeds: int | None = Non
             base.update(total_timesteps=200_000, total_comparisons=600, num_iterations=5)
     else:
         raise ValueError(f"env must be 'cartpole' or 'pendulum', got {env!r}")
-    n = (2 if quick else 4) if seeds is None else int(seeds)
+    if teacher not in TEACHERS:
+        raise ValueError(f"teacher must be one of {list(TEACHERS)}, got {teacher!r}")
+    human = teacher == "human"
+    if human:
+        base.update(HUMAN_SETTINGS[bool(quick)])
+    n = (1 if human else 2 if quick else 4) if seeds is None else int(seeds)
     if n < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
-    fields = {f.name for f in dataclasses.fields(Settings)} - {"env", "quick", "seeds"}
+    if human and n > 1:
+        raise ValueError(f"a person labels one run: --teacher human takes one seed, got --seeds {n}")
+    fields = {f.name for f in dataclasses.fields(Settings)} - {"env", "quick", "seeds", "teacher"}
     unknown = set(overrides) - fields
     if unknown:
         raise ValueError(f"unknown settings {sorted(unknown)}; expected some of {sorted(fields)}")
     base.update({k: v for k, v in overrides.items() if v is not None})
-    return Settings(env=env, quick=quick, seeds=n, **base)
+    return Settings(env=env, quick=quick, seeds=n, teacher=teacher, **base)
 
 
 def build(s: Settings) -> PreferenceComparisons:
@@ -266,7 +303,7 @@ def goals(res: dict) -> list[tuple[str, bool]]:
     acc = float(np.mean(res["final"]["heldout_accuracy"]))
     out = [(f"mean ground-truth return {ret:.1f} >= {GOAL_RETURN[s['env']]:.0f}", ret >= GOAL_RETURN[s["env"]]),
            (f"mean held-out accuracy {100 * acc:.1f}% >= {100 * GOAL_ACCURACY:.0f}%", acc >= GOAL_ACCURACY)]
-    if not s["quick"]:
+    if not s["quick"] and s.get("teacher", "synthetic") == "synthetic":  # a person's pace is not the library's
         out.append((f"wall time {res['wall_s']:.0f} s <= {GOAL_WALL_S:.0f} s", res["wall_s"] <= GOAL_WALL_S))
     return out
 
@@ -292,9 +329,11 @@ def make_figure(plt: Any, res: dict) -> Any:
     ax[0].set_title(f"{res['settings']['env']}: agent trained on the learned reward only")
     ax[0].legend(loc="lower right", fontsize=8)
     fresh = np.array([np.asarray(h["fresh_accuracy"], np.float64).reshape(-1) for h in hist])   # [R, S]
+    decided = np.array([np.asarray(h["fresh_decided"]).reshape(-1) for h in hist])
+    fresh = np.where(decided > 0, fresh, np.nan)  # 0 where no new pair was decided (all tied): not measured
     for i in range(fresh.shape[1]):
         ax[1].plot(steps, fresh[:, i], color="tab:orange", alpha=0.3, lw=1)
-    with np.errstate(all="ignore"):  # rounds whose new pairs all tie have no accuracy (NaN)
+    with np.errstate(all="ignore"):
         fresh_mean = np.array([np.nanmean(r) if np.isfinite(r).any() else np.nan for r in fresh])
     ax[1].plot(steps, fresh_mean, color="tab:orange", lw=2, marker=".",
                label="on each round's new comparisons, before training on them")
@@ -346,10 +385,61 @@ def _checkpoint_status(ckpt_dir: Path, resume: bool, num_rounds: int) -> str:
             f"in {path} will be overwritten; pass --resume to continue it instead")
 
 
+def _archive_labels(path: Path) -> Path | None:
+    """Move an earlier run's label log aside (a fresh run asks anew; nothing is deleted); its new path or None."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = path.with_name(f"{path.stem}-{stamp}{path.suffix}")
+    k = 1
+    while target.exists():
+        target = path.with_name(f"{path.stem}-{stamp}-{k}{path.suffix}")
+        k += 1
+    path.rename(target)
+    return target
+
+
+def _label_lines(log: Any) -> Any:
+    """A ``progress(round, labelled, requested)`` for :class:`~jaxweight.label.HumanTeacher`: two lines a round."""
+    said: dict[int, int] = {}
+
+    def progress(i: int, labelled: int, requested: int) -> None:
+        if i not in said:
+            said[i] = labelled
+            log(f"[label] round {i}: {labelled}/{requested} pairs labelled; waiting for the rest on the page")
+        if labelled >= requested and said.get(i) != -1:
+            said[i] = -1
+            log(f"[label] round {i}: {labelled}/{requested} pairs labelled")
+        _flush()
+
+    return progress
+
+
+def _flush() -> None:
+    sys.stdout.flush()  # the URL and the waits must show at once, also through a pipe
+
+
+def human_teacher(s: Settings, log_path: str | os.PathLike, *, port: int = 0, progress: bool = True,
+                  log: Any = print) -> Any:
+    """The :class:`~jaxweight.label.HumanTeacher` of a run (not started): its label log, the env's clips.
+
+    ``progress``: a tqdm bar of labelled/requested pairs per round (else a line when a round opens and one when
+    it is done). The URL line goes to ``log`` (flushed).
+    """
+    from jaxweight.label import HumanTeacher, tqdm_progress
+
+    def announce(line: str) -> None:
+        log(line)
+        _flush()
+
+    return HumanTeacher(log_path, s.env, port=port, announce=announce,
+                        progress=tqdm_progress("labels") if progress else _label_lines(log))
+
+
 def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, out: str | os.PathLike | None = None,
         resume: bool = False, progress: bool = True, baseline: bool | None = None, seed: int = 0, *,
         tensorboard: str | os.PathLike | None = None, resume_override: bool = False,
-        log: Any = print, **overrides: Any) -> dict:
+        log: Any = print, teacher: str = "synthetic", port: int = 0, **overrides: Any) -> dict:
     """Run the demo; returns the results dict (also written to ``out/<env>[_quick].json`` with a PNG plot).
 
     Args:
@@ -366,53 +456,78 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
       resume_override: resume even if settings differ from the checkpoint's (the
         changes are printed and stored in the results).
       log: where the progress lines go.
+      teacher: ``"synthetic"`` or ``"human"`` (a person on the labelling page;
+        needs ``out`` for the label log ``out/checkpoints/<tag>/labels.jsonl``).
+      port: the labelling page's port with ``teacher="human"`` (0: any free one).
       **overrides: settings fields (see :func:`settings`).
 
     Raises:
-      ValueError: settings the loop refuses; a checkpoint of other settings.
-      jaxweight.StateFileError: a damaged checkpoint with ``resume``.
+      ValueError: settings the loop refuses; a checkpoint of other settings;
+        ``teacher="human"`` without ``out``, with more than one seed, or on a port that is taken.
+      jaxweight.StateFileError: a damaged checkpoint or label log with ``resume``.
     """
     t0 = time.perf_counter()
-    s = settings(env, quick, seeds, **overrides)
+    s = settings(env, quick, seeds, teacher, **overrides)
+    human = s.teacher == "human"
+    if human and out is None:
+        raise ValueError("--teacher human needs an output folder (out=...) to keep the label log in")
     pc = build(s)
     tag = f"{env}_quick" if quick else env
     ckpt = None if out is None else Path(out) / "checkpoints" / tag
     plan = pc.plan(s.total_timesteps, s.total_comparisons)
-    log(f"[preferences] {env}: {s.seeds} seeds x {plan.num_rounds} rounds, {s.total_comparisons} comparisons "
-        f"of {s.fragment_length}-step fragments, {sum(plan.agent_steps):,} agent steps per seed"
-        + (f"; checkpoints in {ckpt}" if ckpt else ""))
+    per_round = f" ({min(plan.schedule)} to {max(plan.schedule)} a round)" if human else ""
+    log(f"[preferences] {env}: {s.seeds} seed{'s' if s.seeds > 1 else ''} x {plan.num_rounds} rounds, {s.total_comparisons} comparisons"
+        f"{per_round} of {s.fragment_length}-step fragments by the {s.teacher} teacher, "
+        f"{sum(plan.agent_steps):,} agent steps per seed" + (f"; checkpoints in {ckpt}" if ckpt else ""))
+    labeller = labels = None
     if ckpt is not None:
         log(_checkpoint_status(ckpt, resume, plan.num_rounds))
-        if resume:  # refuse a damaged checkpoint or changed settings before compiling anything
-            pc.check_checkpoint(ckpt, s.total_timesteps, s.total_comparisons, num_seeds=s.seeds,
-                                allow_changed=bool(resume_override))
+    if human:
+        labels = ckpt / LABELS_NAME
+        if not resume:
+            moved = _archive_labels(labels)
+            if moved is not None:
+                log(f"[preferences] starting afresh: the earlier run's labels are kept in {moved}")
+        labeller = human_teacher(s, labels, port=port, progress=progress, log=log)
+        given = len(labeller.log.records)
+        log(f"[preferences] labels are saved to {labels}" + (f" ({given} given before)" if given else ""))
     timer = C.Timer()
-    with timer.section("compile"):
-        pc.compile(s.total_timesteps, s.total_comparisons, num_seeds=s.seeds)
-    log(f"[preferences] compiled the loop in {timer['compile']:.1f} s")
-    bar = None
-    if progress:
-        from jaxweight.preference.driver import tqdm_progress
-
-        bar = tqdm_progress()
     writer = None
-    if out is not None:
-        writer = metrics.open_writers(out, tensorboard, append=resume)
-
-    def on_round(i: int, n: int, host: dict) -> None:
-        if writer is not None:
-            writer.write(i, metrics.flatten(host, "preference"))
-        if bar is not None:
-            bar(i, n, host)
-
-    pc_progress = on_round
     try:
+        if ckpt is not None and resume:  # refuse a damaged checkpoint or changed settings before compiling anything
+            pc.check_checkpoint(ckpt, s.total_timesteps, s.total_comparisons, num_seeds=s.seeds,
+                                allow_changed=bool(resume_override), teacher=labeller)
+        if labeller is not None:
+            try:
+                labeller.start()  # the URL first: the page waits for round 0 while the loop compiles
+            except OSError as e:
+                raise ValueError(f"the labelling page cannot listen on 127.0.0.1:{port} ({e}); "
+                                 "choose another --port") from None
+        with timer.section("compile"):
+            pc.compile(s.total_timesteps, s.total_comparisons, num_seeds=s.seeds, teacher=labeller)
+        log(f"[preferences] compiled the loop in {timer['compile']:.1f} s")
+        bar = None
+        if progress:
+            from jaxweight.preference.driver import tqdm_progress
+
+            bar = tqdm_progress()
+        if out is not None:
+            writer = metrics.open_writers(out, tensorboard, append=resume)
+
+        def on_round(i: int, n: int, host: dict) -> None:
+            if writer is not None:
+                writer.write(i, metrics.flatten(host, "preference"))
+            if bar is not None:
+                bar(i, n, host)
+
         with timer.section("run"):
             pc.train(seed, s.total_timesteps, s.total_comparisons, num_seeds=s.seeds, checkpoint_dir=ckpt,
-                     resume=resume, allow_changed=bool(resume_override), progress=pc_progress)
+                     resume=resume, allow_changed=bool(resume_override), progress=on_round, teacher=labeller)
     finally:
         if writer is not None:
             writer.close()
+        if labeller is not None:
+            labeller.close()  # every label is on disk already
     for note in pc.overrides:
         log(f"[preferences] resumed after round {note['round']} with changed settings (--resume-override): "
             + "; ".join(note["changed"]))
@@ -433,6 +548,7 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
         "overrides": pc.overrides,
         "final": final,
         "baseline_return": base,
+        "labels": None if labels is None else str(labels),
         "wall_s": wall,
         "loop_s": t_loop,
         "compile_s": timer["compile"],
@@ -460,6 +576,8 @@ def report(res: dict) -> str:
                  + (f"; load average {load[0]:.2f} (1 min) on {os.cpu_count()} CPUs" if load else ""))
     if res.get("json"):
         lines.append(f"  results: {res['json']}")
+    if res.get("labels"):
+        lines.append(f"  labels: {res['labels']}")
     if res.get("plot"):
         lines.append(f"  plot: {res['plot']}")
     return "\n".join(lines)
@@ -473,12 +591,18 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--resume-override", action="store_true",
                     help="with --resume: continue even if settings differ from the checkpoint's (changes are logged)")
     ap.add_argument("--env", default="cartpole", choices=("cartpole", "pendulum"))
+    ap.add_argument("--teacher", default="synthetic", choices=TEACHERS,
+                    help="who compares the fragments: the synthetic teacher (default) or a person on a labelling "
+                         "page whose URL is printed (needs pip install 'jaxweight[label]'; one seed, 16 rounds, "
+                         "300 comparisons: 30, then 26 down to 13 a round; quick: 80)")
+    ap.add_argument("--port", type=C.int_range(0, 65535), default=None, metavar="P",
+                    help="with --teacher human: the labelling page's port on 127.0.0.1 (default: a free one)")
     ap.add_argument("--seeds", type=C.positive_int, default=None,
-                    help="seeds run at once with jax.vmap (default 4, quick 2)")
+                    help="seeds run at once with jax.vmap (default 4, quick 2; --teacher human: 1)")
     ap.add_argument("--rounds", type=C.positive_int, default=None, metavar="K",
-                    help="rounds after the initial one (num_iterations; default 10, quick 6)")
+                    help="rounds after the initial one (num_iterations; default 10, quick 6; --teacher human: 15)")
     ap.add_argument("--comparisons", type=C.positive_int, default=None, metavar="N",
-                    help="comparisons over the whole run (default 2000, quick 1000)")
+                    help="comparisons over the whole run (default 2000, quick 1000; --teacher human: 300, quick 80)")
     ap.add_argument("--timesteps", type=C.positive_int, default=None, metavar="N",
                     help="agent steps over the whole run (default 1e6, quick 6e5)")
     ap.add_argument("--fragment-length", type=C.positive_int, default=None, metavar="L",
@@ -506,14 +630,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume_override and not args.resume:
         ap.error("--resume-override needs --resume")
     C.require_extra("gymnax", "rl", "the preferences demo")
+    if args.port is not None and args.teacher != "human":
+        return _fail("--port is the labelling page's: it needs --teacher human")
+    if args.teacher == "human":
+        if args.seeds is not None and args.seeds > 1:
+            return _fail(f"a person labels one run: --teacher human takes one seed, got --seeds {args.seeds}")
+        missing = C.missing_modules(LABEL_MODULES)
+        if missing:
+            return _fail(C.extra_message("--teacher human", missing, "label"))
     overrides = dict(num_iterations=args.rounds, total_comparisons=args.comparisons,
                      total_timesteps=args.timesteps, fragment_length=args.fragment_length,
                      num_members=args.members, reward_learning_rate=args.reward_lr, learning_rate=args.ppo_lr)
     try:
         res = run(args.env, quick=args.quick, seeds=args.seeds, out=args.out, resume=args.resume,
                   progress=not args.no_progress, baseline=args.baseline, seed=args.seed,
-                  tensorboard=args.tensorboard, resume_override=args.resume_override, **overrides)
-    except StateFileError as e:  # a damaged or foreign checkpoint
+                  tensorboard=args.tensorboard, resume_override=args.resume_override, teacher=args.teacher,
+                  port=args.port or 0, **overrides)
+    except StateFileError as e:  # a damaged or foreign checkpoint or label log
         return _fail(str(e).splitlines()[0])
     except ValueError as e:  # settings the loop refuses, or a checkpoint of other settings
         return _fail(" ".join(str(e).split()))
@@ -522,5 +655,5 @@ def main(argv: list[str] | None = None) -> int:
     return C.finish(goals(res), args.strict)
 
 
-__all__ = ["Settings", "settings", "build", "evaluate", "true_reward_baseline", "format_table", "goals",
-           "make_figure", "plot", "run", "report", "parser", "main"]
+__all__ = ["Settings", "settings", "build", "human_teacher", "evaluate", "true_reward_baseline", "format_table",
+           "goals", "make_figure", "plot", "run", "report", "parser", "main"]

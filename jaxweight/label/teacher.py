@@ -17,6 +17,10 @@ Usage (a person answers in the browser)::
     print(teacher.start())                          # http://127.0.0.1:PORT/?token=...
     prefs, valid = teacher.ask(0, pairs.obs, predicted)   # blocks until every pair is answered
     teacher.close()
+
+In the preference loop it is the host teacher of
+``PreferenceComparisons.train(..., teacher=teacher)`` (one run): each round the
+driver asks it between the compiled programs ``collect_pairs`` and ``push``.
 """
 
 from __future__ import annotations
@@ -83,6 +87,10 @@ class HumanTeacher:
       ValueError: no renderer for ``env``; a non-loopback ``host``; a bad port or token.
       jaxweight.StateFileError: a damaged log (other than a torn last line).
     """
+
+    #: the teacher's name in the preference loop's checkpoint fingerprint
+    #: (:func:`jaxweight.preference.driver.teacher_kind`): a resume with another teacher is refused
+    kind = "human"
 
     def __init__(self, log_path: str | os.PathLike, env: Any, *, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, frame_ms: int | None = None, progress: Progress | None = None,

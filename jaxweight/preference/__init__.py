@@ -89,6 +89,7 @@ _LAZY = {
     "ppo": ("PPOConfig", "PPOHParams", "PPOState", "ActorCritic"),
     "envs": ("FixedHorizonCartPole", "FixedHorizonPendulum", "LearnedRewardEnv", "LearnedRewardParams",
              "LearnedRewardState", "SquashedObsReward", "make_env", "oracle_reward", "reward_net", "env_step"),
+    "fixed_horizon": ("FixedHorizon", "FixedHorizonParams", "FixedHorizonState"),
 }
 
 

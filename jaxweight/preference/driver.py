@@ -10,7 +10,10 @@ background thread and shared by every round. Between rounds it checks the horizo
 ``checkpoint_dir`` saves the state after every round; ``resume=True``
 continues a killed run bit-identically. Every setting that changes results is
 fingerprinted in the checkpoint; a resume with other settings is refused with
-the list of differences unless ``allow_changed`` is passed.
+the list of differences unless ``allow_changed`` is passed. With a host
+teacher (``train(..., teacher=HumanTeacher(...))``, one run) a round's first
+phase is two programs, ``collect_pairs`` and ``push``, and the teacher answers
+on the host between them (both compiled once, like the other phases).
 
 Example::
 
@@ -54,7 +57,7 @@ try:  # the agent generators need gymnax (the ``rl`` extra); datasets and the lo
 except ImportError:  # pragma: no cover - exercised only without gymnax
     HostGenerator = ()
 
-__all__ = ["PreferenceComparisons", "tqdm_progress", "CHECKPOINT_NAME", "COMPILER_OPTIONS"]
+__all__ = ["PreferenceComparisons", "tqdm_progress", "teacher_kind", "CHECKPOINT_NAME", "COMPILER_OPTIONS"]
 
 Array = jax.Array
 logger = logging.getLogger("jaxweight.preference")
@@ -65,6 +68,8 @@ logger = logging.getLogger("jaxweight.preference")
 COMPILER_OPTIONS: dict[str, dict[str, Any]] = {
     "init": {"xla_backend_optimization_level": 0},
     "collect": {"xla_backend_optimization_level": 1},
+    "collect_pairs": {"xla_backend_optimization_level": 1},
+    "push": {"xla_backend_optimization_level": 0},
     "fit_reward": {"xla_backend_optimization_level": 1},
     "fit_agent": {"xla_backend_optimization_level": 1},
     "finish": {"xla_backend_optimization_level": 0},
@@ -79,11 +84,71 @@ def _phase_program(phase: Callable) -> Callable:
     return program
 
 
-#: name -> program of each phase of a round, in order (``finish`` takes the others' metrics)
-_PHASE_PROGRAMS = {name: _phase_program(f) for name, f in {**loop._PHASES, "finish": loop._finish}.items()}
+def _push(state, key, cfg, pairs, prefs, valid):
+    """``loop._push`` as a phase (the key is not used: the teacher answered on the host)."""
+    del key
+    return loop._push(state, pairs, prefs, valid, cfg)
+
+
+#: name -> program of each phase of a round (``finish`` takes the others' metrics); with a host
+#: teacher ``collect_pairs`` (-> pairs, predicted, metrics) and ``push`` stand in for ``collect``
+_PHASE_PROGRAMS = {name: _phase_program(f) for name, f in {
+    **loop._PHASES, "finish": loop._finish, "collect_pairs": loop._collect_pairs, "push": _push}.items()}
+#: the programs of a run, in order: with the synthetic teacher, and with a host teacher
+_PROGRAMS = ("init", *loop._PHASES, "finish")
+_HOST_TEACHER_PROGRAMS = ("init", "collect_pairs", "push", *list(loop._PHASES)[1:], "finish")
+#: the extra arguments of a phase program, batched along the seed axis
+_PARTS_AXES = {"finish": (0,), "push": (0, 0, 0)}
+
+
+def teacher_kind(teacher: Any) -> str:
+    """The fingerprint's name of a teacher: ``"synthetic"`` for None, else ``teacher.kind`` or its class name."""
+    if teacher is None:
+        return "synthetic"
+    return str(getattr(teacher, "kind", None) or type(teacher).__name__)
+
+
+def _check_teacher(teacher: Any, num_seeds: int | None) -> None:
+    if teacher is None:
+        return
+    if not callable(getattr(teacher, "ask", None)):
+        raise ValueError(f"teacher must have ask(round_index, obs, predicted) -> (prefs, valid) (e.g. "
+                         f"jaxweight.label.HumanTeacher), got {type(teacher).__name__}")
+    if num_seeds is not None and num_seeds != 1:
+        raise ValueError(f"a host teacher ({teacher_kind(teacher)}) labels one run: num_seeds must be None or 1, "
+                         f"got {num_seeds}")
+
+
+def _ask(teacher: Any, i: int, n: int, pairs: Any, predicted: Array, batched: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Host: ``teacher.ask(i, obs[:n], predicted[:n])``, checked and padded to ``(prefs f32[P], valid bool[P])``.
+
+    ``P`` is the plan's ``max_pairs``: past ``n`` the preferences are 0.5 and
+    invalid (``push`` stores only the first ``n``).
+
+    Raises:
+      ValueError: answers of another shape, or a valid preference outside ``[0, 1]``.
+    """
+    obs, pred = jax.device_get((pairs.obs, predicted))
+    obs, pred = (obs[0], pred[0]) if batched else (obs, pred)
+    p_max = pred.shape[0]
+    prefs, valid = teacher.ask(i, np.asarray(obs[:n], np.float32), np.asarray(pred[:n], np.float32))
+    prefs, valid = np.asarray(prefs), np.asarray(valid)
+    if prefs.shape != (n,) or valid.shape != (n,) or valid.dtype != bool:
+        raise ValueError(f"the teacher's ask() must return (prefs f32[{n}], valid bool[{n}]) for round {i}, got "
+                         f"shapes {prefs.shape} and {valid.shape} ({valid.dtype})")
+    prefs = prefs.astype(np.float32)
+    bad = valid & ~((prefs >= 0.0) & (prefs <= 1.0))  # NaN fails both comparisons
+    if np.any(bad):
+        raise ValueError(f"the teacher's preferences must lie in [0, 1]; round {i} has {prefs[bad][:3].tolist()}")
+    full = np.full((p_max,), 0.5, np.float32)
+    full[:n] = np.where(valid, prefs, 0.5)
+    answered = np.zeros((p_max,), bool)
+    answered[:n] = valid
+    return (full[None], answered[None]) if batched else (full, answered)
+
 
 CHECKPOINT_NAME = "loop_state.ckpt"
-_FINGERPRINT_VERSION = 4
+_FINGERPRINT_VERSION = 5
 _SETTINGS = loop._STATIC + tuple(loop._HPARAMS)
 
 _ALLOW_VARIABLE_HORIZON_WARNING = (
@@ -302,7 +367,7 @@ class PreferenceComparisons:
         if name == "init":
             fn, axes = loop.init, (None, 0)
         else:
-            fn, axes = _PHASE_PROGRAMS[name], (0, 0, None, None) + ((0,) if name == "finish" else ())
+            fn, axes = _PHASE_PROGRAMS[name], (0, 0, None, None) + _PARTS_AXES.get(name, ())
         return jax.vmap(fn, in_axes=axes) if batched else fn
 
     def _fn(self, name: str, batched: bool):
@@ -311,14 +376,16 @@ class PreferenceComparisons:
             self._jit[(name, batched)] = jax.jit(self._raw(name, batched), compiler_options=self._options(name))
         return self._jit[(name, batched)]
 
-    def _lower_phase(self, name: str, batched: bool, args: tuple, store: Any) -> tuple[Callable, dict]:
-        """Lower phase ``name`` at ``args``: ``(compile() -> callable, its metrics' shapes)``.
+    def _lower_phase(self, name: str, batched: bool, args: tuple, store: Any) -> tuple[Callable, Any]:
+        """Lower phase ``name`` at ``args``: ``(compile() -> callable, the shapes of its outputs)``.
 
-        With a program ``store`` ``(folder, fingerprint, sources)`` the phase is
-        loaded from it (no tracing) or traced, exported and stored; the compiled
-        program is then a :class:`~jaxweight.preference._programs.FlatProgram`.
+        With a program ``store`` ``(folder, fingerprint, sources)`` a phase
+        returning ``(state, metrics)`` is loaded from it (no tracing) or traced,
+        exported and stored; the compiled program is then a
+        :class:`~jaxweight.preference._programs.FlatProgram`. (``collect_pairs``,
+        which returns pairs, is not stored.)
         """
-        if store is not None:
+        if store is not None and name != "collect_pairs":
             folder, fingerprint, sources = store
             leaves, in_tree = jax.tree.flatten(args)
             avals = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
@@ -335,9 +402,9 @@ class PreferenceComparisons:
                 state_tree = jax.tree.structure(args[0])
                 out = exported.out_avals[state_tree.num_leaves:]
                 shapes = {k: jax.ShapeDtypeStruct(a.shape, a.dtype) for k, a in zip(names, out)}
-                return (lambda: _programs.FlatProgram(lowered.compile(), in_tree, state_tree, names)), shapes
+                return (lambda: _programs.FlatProgram(lowered.compile(), in_tree, state_tree, names)), (args[0], shapes)
         lowered = self._fn(name, batched).lower(*args)
-        return lowered.compile, lowered.out_info[1]
+        return lowered.compile, lowered.out_info
 
     def _store(self, plan: LoopPlan, num_seeds: int | None) -> tuple | None:
         """``(folder, fingerprint, sources)`` of the program store, or None where it is off."""
@@ -364,17 +431,33 @@ class PreferenceComparisons:
             return self._fn("init", batched)(cfg, *args)
         return self._fn(name, batched)(args[0], args[1], cfg, *args[2:])
 
-    def _round(self, batched: bool, cfg: LoopConfig, state: LoopState, run_keys: Array, i: int):
-        """Round ``i``: the three phase programs, then ``finish`` -> ``(state, out)`` (scalars per seed)."""
+    def _round(self, batched: bool, cfg: LoopConfig, state: LoopState, run_keys: Array, i: int,
+               teacher: Any = None):
+        """Round ``i``: the three phase programs, then ``finish`` -> ``(state, out)`` (scalars per seed).
+
+        With a host ``teacher``, ``collect`` is ``collect_pairs``, then
+        ``teacher.ask`` on the host (the round's ``num_pairs`` pairs), then ``push``.
+        """
         parts: dict[str, Array] = {}
-        for name in loop._PHASES:
+        phases = list(loop._PHASES)
+        if teacher is not None:
+            pairs, predicted, parts = self._call("collect_pairs", batched, cfg, state, run_keys, i)
+            prefs, valid = _ask(teacher, i, cfg.plan.schedule[i], pairs, predicted, batched)
+            state, out = self._call("push", batched, cfg, state, run_keys, i, pairs, prefs, valid)
+            parts = {**parts, **out}
+            phases = phases[1:]
+        for name in phases:
             state, out = self._call(name, batched, cfg, state, run_keys, i)
             parts.update(out)
         return self._call("finish", batched, cfg, state, run_keys, i, parts)
 
     def compile(self, total_timesteps: int, total_comparisons: int, *, num_seeds: int | None = None,
-                wait: bool = True) -> None:
+                wait: bool = True, teacher: Any = None) -> None:
         """Compile ``init`` and the four programs of a round ahead of time (nothing to do once compiled).
+
+        With a host ``teacher`` (only whether there is one matters) the round's
+        programs are ``collect_pairs``, ``push``, ``fit_reward``, ``fit_agent``
+        and ``finish`` instead.
 
         The programs are traced one after another here and compiled, at
         :data:`COMPILER_OPTIONS`, on a background thread as each is traced (XLA
@@ -386,9 +469,10 @@ class PreferenceComparisons:
         so a later run with the same settings and code neither traces nor
         compiles them.
         """
+        _check_teacher(teacher, num_seeds)
         cfg = self.config_for(total_timesteps, total_comparisons)
         batched = num_seeds is not None
-        names = ("init", *loop._PHASES, "finish")
+        names = _PROGRAMS if teacher is None else _HOST_TEACHER_PROGRAMS
         if any(("aot", n, cfg.plan, batched) not in self._jit for n in names):
             keys, run_keys = self._keys(0, num_seeds)
             i32 = jax.ShapeDtypeStruct((), jnp.int32)
@@ -400,9 +484,16 @@ class PreferenceComparisons:
                 state = lowered.out_info
                 self._jit[("aot", "init", cfg.plan, batched)] = pool.submit(lowered.compile)
                 parts: dict[str, Any] = {}
+                answers: tuple = ()
                 for name in names[1:]:
-                    args = (state, run_keys, cfg, i32) + ((parts,) if name == "finish" else ())
-                    compile_fn, shapes = self._lower_phase(name, batched, args, store)
+                    extra = {"finish": (parts,), "push": answers}.get(name, ())
+                    compile_fn, out = self._lower_phase(name, batched, (state, run_keys, cfg, i32) + extra, store)
+                    if name == "collect_pairs":  # (pairs, predicted, metrics): push takes the pairs and answers
+                        pairs, predicted, shapes = out
+                        answers = (pairs, jax.ShapeDtypeStruct(predicted.shape, jnp.float32),
+                                   jax.ShapeDtypeStruct(predicted.shape, jnp.bool_))
+                    else:
+                        shapes = out[1]
                     if name != "finish":
                         parts.update(shapes)
                     self._jit[("aot", name, cfg.plan, batched)] = pool.submit(compile_fn)
@@ -439,16 +530,17 @@ class PreferenceComparisons:
         return state, {k: jnp.stack([r[k] for r in rows], axis=-1) for k in loop.ROUND_METRICS}
 
     # -------------------------------------------------------------- fingerprint / resume
-    def fingerprint(self, plan: LoopPlan, num_seeds: int | None = None) -> dict[str, Any]:
+    def fingerprint(self, plan: LoopPlan, num_seeds: int | None = None, teacher: Any = None) -> dict[str, Any]:
         """Every setting that changes a run's results, as a flat JSON-ready ``{name: value}``.
 
-        The plan, the seed count, the loop settings and hyperparameters, the
-        reward model (module, trainer config and hyperparameters) and the
-        generator (its ``fingerprint()``). Stored in every checkpoint;
-        :meth:`train` compares it on resume.
+        The plan, the seed count, the teacher (:func:`teacher_kind`: ``"synthetic"``
+        or a host teacher's ``kind``, e.g. ``"human"``), the loop settings and
+        hyperparameters, the reward model (module, trainer config and
+        hyperparameters) and the generator (its ``fingerprint()``). Stored in
+        every checkpoint; :meth:`train` compares it on resume.
         """
         tcfg = self.reward_trainer.config
-        fp: dict[str, Any] = {"version": _FINGERPRINT_VERSION, "num_seeds": num_seeds}
+        fp: dict[str, Any] = {"version": _FINGERPRINT_VERSION, "num_seeds": num_seeds, "teacher": teacher_kind(teacher)}
         fp.update(_fields("plan", plan, [f.name for f in dataclasses.fields(plan)]))
         fp.update(_fields("loop", self.config, _SETTINGS))
         fp.update(_fields("reward", tcfg, [f.name for f in dataclasses.fields(tcfg) if f.name != "module"]))
@@ -462,7 +554,7 @@ class PreferenceComparisons:
 
     def check_checkpoint(
         self, checkpoint_dir: str | Path, total_timesteps: int, total_comparisons: int, *,
-        num_seeds: int | None = None, allow_changed: bool | Iterable[str] = False,
+        num_seeds: int | None = None, allow_changed: bool | Iterable[str] = False, teacher: Any = None,
     ) -> list[str]:
         """What ``train(..., checkpoint_dir=..., resume=True)`` would say about the checkpoint, without training.
 
@@ -479,7 +571,8 @@ class PreferenceComparisons:
         cfg = self.config_for(total_timesteps, total_comparisons)
         keys, _ = self._keys(0, num_seeds)
         target = jax.eval_shape(self._fn("init", num_seeds is not None), cfg, keys)
-        _, _, note = self._load(ckpt, self.fingerprint(cfg.plan, num_seeds), target, allow_changed, quiet=True)
+        _, _, note = self._load(ckpt, self.fingerprint(cfg.plan, num_seeds, teacher), target, allow_changed,
+                                quiet=True)
         return [] if note is None else list(note["changed"])
 
     def _load(self, ckpt: Path, fingerprint: dict, target: Any, allow_changed: bool | Iterable[str],
@@ -531,6 +624,7 @@ class PreferenceComparisons:
         resume: bool = False,
         allow_changed: bool | Iterable[str] = False,
         progress: bool | Callable[[int, int, dict], Any] | None = None,
+        teacher: Any = None,
     ) -> dict[str, Any]:
         """Run the loop on the host, round by round (imitation's ``train``; four compiled programs per round).
 
@@ -549,6 +643,15 @@ class PreferenceComparisons:
             differ; the change is logged and kept in ``self.overrides`` and the checkpoint.
           progress: ``progress(round, num_rounds, metrics)`` after every round
             (default: the constructor's; ``True``: a progress bar).
+          teacher: None for the synthetic teacher (the config's), or a host
+            teacher such as :class:`jaxweight.label.HumanTeacher`: each round,
+            ``teacher.ask(round, obs f32[n, 2, L+1, D], predicted f32[n]) ->
+            (prefs f32[n], valid bool[n])`` answers the round's ``n`` pairs
+            between the compiled programs ``collect_pairs`` and ``push``
+            (``predicted``: the reward model's probability that the first
+            fragment is preferred; ``valid`` False: skipped, stored but kept out
+            of training). One run only (``num_seeds`` None or 1). Its kind is in
+            the fingerprint: a resume with another teacher is refused unless allowed.
 
         Returns:
           ``{"reward_loss", "reward_accuracy"}`` of the last round (floats, or
@@ -557,9 +660,12 @@ class PreferenceComparisons:
         Raises:
           ValueError: the errors of :meth:`plan`; terminal episodes of different
             lengths without ``allow_variable_horizon`` (the round is not committed);
-            a checkpoint whose fingerprint differs (the differing fields are listed).
+            a checkpoint whose fingerprint differs (the differing fields are listed);
+            a host teacher with ``num_seeds > 1``, or whose answers are not
+            ``(f32[n] in [0, 1], bool[n])``.
           jaxweight.StateFileError: a corrupted, truncated or foreign checkpoint file.
         """
+        _check_teacher(teacher, num_seeds)
         cfg = self.config_for(total_timesteps, total_comparisons)
         plan = cfg.plan
         batched = num_seeds is not None
@@ -567,7 +673,7 @@ class PreferenceComparisons:
         progress = self.progress if progress is None else progress
         if progress is True:
             progress = tqdm_progress()
-        fingerprint = self.fingerprint(plan, num_seeds)
+        fingerprint = self.fingerprint(plan, num_seeds, teacher)
         ckpt = None if checkpoint_dir is None else Path(checkpoint_dir) / CHECKPOINT_NAME
         history: list[dict] = []
         overrides: list[dict] = []
@@ -578,14 +684,15 @@ class PreferenceComparisons:
             history = list(meta.get("history", []))
             overrides = list(meta.get("overrides", [])) + ([note] if note else [])
         # after the checkpoint checks: a refused resume compiles nothing
-        self.compile(total_timesteps, total_comparisons, num_seeds=num_seeds, wait=False)  # no-op once compiled
+        self.compile(total_timesteps, total_comparisons, num_seeds=num_seeds, wait=False,  # no-op once compiled
+                     teacher=teacher)
         if state is None:
             state = self._call("init", batched, cfg, keys)
         self.overrides = overrides
         start = int(np.max(np.asarray(jax.device_get(state.round))))
         self._iteration = start
         for i in range(start, plan.num_rounds):
-            new_state, out = self._round(batched, cfg, state, run_keys, i)
+            new_state, out = self._round(batched, cfg, state, run_keys, i, teacher)
             host = {k: np.asarray(v) for k, v in jax.device_get(out).items()}
             if bool(np.any(host["variable_horizon"])) and not cfg.allow_variable_horizon:
                 hs = sorted({int(v) for v in np.ravel(host["horizon_min"])} | {int(v) for v in np.ravel(host["horizon_max"])})

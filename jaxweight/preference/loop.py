@@ -11,7 +11,11 @@ explicit key and :func:`run` the remaining rounds in one program (round ``i``
 uses ``round_key(key, i)``). The round's counts are traced, so every round
 shares one compiled program. The host driver (resume, fingerprints, progress)
 is :class:`~jaxweight.preference.driver.PreferenceComparisons`; it compiles the
-four phases of :func:`step` as separate programs.
+four phases of :func:`step` as separate programs. The first phase, collect, is
+two pure halves, ``_push(_collect_pairs(...), synthetic_preferences(...))``: with
+a host teacher (a person, ``driver.train(..., teacher=)``) the driver compiles the
+halves apart and the teacher answers between them, its labels reaching the same
+buffer ``step``.
 
 Example::
 
@@ -42,16 +46,17 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from .._util import as_key, check_choice, check_static_int, check_value
+from .._util import as_key, check_choice, check_static_int, check_value, masked_mean
 from . import buffer as pbuf
 from . import training
 from ._training_config import _known
 from .buffer import PreferenceBuffer
 from .buffer import mask as buffer_mask
-from .data import FragmentPairs, Trajectories, example_inputs
+from .data import FragmentPairs, Trajectories, _discounted_returns, example_inputs
 from .evaluation import preference_accuracy
 from .fragments import active_selection, random_fragments
 from .gatherers import synthetic_preferences
+from .model import binary_entropy
 from .reward_nets import _ensemble_reward
 from .schedules import allocate_comparisons
 from .training import TrainerConfig, TrainerState, num_epochs
@@ -453,14 +458,24 @@ def _round_keys(key: Any) -> Array:
     return jax.random.split(as_key(key), 6)
 
 
-def _collect(state: LoopState, key: Any, cfg: LoopConfig) -> tuple[LoopState, dict[str, Array]]:
-    """Phase 1 of a round: sample, cut pairs, ask the teacher, push into the buffer (``state.buffer`` replaced)."""
+def _collect_pairs(state: LoopState, key: Any, cfg: LoopConfig) -> tuple[FragmentPairs, Array, dict[str, Array]]:
+    """Phase 1, first half: sample, cut the round's pairs, judge them with the model trained so far.
+
+    Returns:
+      ``(pairs, predicted, out)``: ``P_max = cfg.plan.max_pairs`` pairs, of
+      which the first ``num_pairs`` are the round's (the rest ``valid=False``);
+      ``predicted f32[P_max]``, the reward model's probability that the first
+      fragment of each pair is preferred (``sigmoid`` of the difference of the
+      member-mean discounted returns, so ``> 0.5`` where
+      ``fresh_accuracy`` ranks the first fragment higher); and the round's
+      sampling metrics. The state does not change (sampling does not move the generator).
+    """
     for name, rng in _HPARAMS.items():  # traced values: checked under jaxweight.checked only
         if isinstance(getattr(cfg, name), jax.core.Tracer):
             check_value(getattr(cfg, name), name, **rng)
     gen, plan = cfg.generator, cfg.plan
     num_pairs, sample_steps, _, _ = _counts(state, cfg)
-    k_sample, k_frag, k_pref, *_ = _round_keys(key)
+    k_sample, k_frag, *_ = _round_keys(key)
     p_max = plan.max_pairs
 
     trajs = gen.sample(state.gen, k_sample, sample_steps, max_steps=plan.max_sample_steps)
@@ -480,22 +495,60 @@ def _collect(state: LoopState, key: Any, cfg: LoopConfig) -> tuple[LoopState, di
     fresh_acc, fresh_decided = preference_accuracy(
         cfg.reward_module, state.reward.params, pairs, discount=cfg.discount, ensemble=cfg.ensemble
     )
-    prefs, entropy = synthetic_preferences(
-        k_pref, pairs, temperature=cfg.temperature, discount=cfg.discount, sample=cfg.sample,
-        threshold=cfg.threshold,
-    )
-    buffer = pbuf.step(state.buffer, pairs, prefs, pbuf.config(plan.capacity), count=num_pairs)
+    r = _ensemble_reward(cfg.reward_module, state.reward.params, pairs.transitions(), None, cfg.ensemble)
+    ret = _discounted_returns(r, cfg.discount)  # [P_max, 2], as preference_accuracy ranks them
+    finite = jnp.isfinite(ret[:, 0] - ret[:, 1])
+    predicted = jnp.where(finite, jax.nn.sigmoid(jnp.where(finite, ret[:, 0] - ret[:, 1], 0.0)), 0.5)
     used = lengths > 0
     ep_returns = jnp.sum(jnp.where(step_mask & step_ok, trajs.rews, 0.0), axis=1)
     out = {
-        "num_pairs": num_pairs, "sample_steps": sample_steps, "teacher_entropy": entropy,
+        "num_pairs": num_pairs, "sample_steps": sample_steps,
         "fresh_accuracy": fresh_acc, "fresh_decided": fresh_decided,
         "sample_return": jnp.sum(jnp.where(used, ep_returns, 0.0)) / jnp.maximum(jnp.sum(used), 1),
         "variable_horizon": any_term & (h_min != h_max),
         "horizon_min": jnp.where(any_term, h_min, 0), "horizon_max": jnp.where(any_term, h_max, 0),
         "n_nonfinite": jnp.sum(step_mask & ~step_ok, dtype=jnp.int32),
     }
-    return state.replace(buffer=buffer), out
+    return pairs, predicted.astype(jnp.float32), out
+
+
+def _push(state: LoopState, pairs: FragmentPairs, prefs: Array, valid: Array | None,
+          cfg: LoopConfig) -> tuple[LoopState, dict[str, Array]]:
+    """Phase 1, second half: push the round's first ``num_pairs`` pairs with their preferences.
+
+    Args:
+      pairs: the ``P_max`` pairs of :func:`_collect_pairs`.
+      prefs: ``f32[P_max]`` probability that the first fragment is preferred
+        (entries past ``num_pairs`` are not stored).
+      valid: ``bool[P_max]`` the teacher's answered pairs (a skipped pair is
+        stored with ``valid=False``, kept out of training), or None (``pairs.valid``).
+
+    Returns:
+      ``(state, {"teacher_entropy": mean binary entropy of prefs over the stored valid pairs})``.
+    """
+    num_pairs = _counts(state, cfg)[0]
+    if valid is not None:
+        pairs = pairs.replace(valid=pairs.valid & jnp.asarray(valid, bool))
+    buffer = pbuf.step(state.buffer, pairs, prefs, pbuf.config(cfg.plan.capacity), count=num_pairs)
+    entropy = masked_mean(binary_entropy(jnp.where(pairs.valid, prefs, 0.5)), pairs.valid)
+    return state.replace(buffer=buffer), {"teacher_entropy": entropy}
+
+
+def _collect(state: LoopState, key: Any, cfg: LoopConfig) -> tuple[LoopState, dict[str, Array]]:
+    """Phase 1: sample, cut pairs, ask the synthetic teacher, push into the buffer (``state.buffer`` replaced).
+
+    ``_push(_collect_pairs(...), synthetic_preferences(...))``: a host teacher
+    (the driver's ``teacher=``) answers between the two halves instead.
+    """
+    pairs, _, out = _collect_pairs(state, key, cfg)
+    k_pref = _round_keys(key)[2]
+    prefs, entropy = synthetic_preferences(
+        k_pref, pairs, temperature=cfg.temperature, discount=cfg.discount, sample=cfg.sample,
+        threshold=cfg.threshold,
+    )
+    state, _ = _push(state, pairs, prefs, None, cfg)
+    # the synthetic teacher's entropy: of its probabilities, not of its Bernoulli draws
+    return state, {**out, "teacher_entropy": entropy}
 
 
 def _fit_reward(state: LoopState, key: Any, cfg: LoopConfig) -> tuple[LoopState, dict[str, Array]]:
@@ -544,7 +597,7 @@ def step(state: LoopState, key: Any, cfg: LoopConfig) -> tuple[LoopState, dict[s
     """Round ``state.round`` of the plan (pure; jittable, vmappable over states and keys).
 
     The round runs in four phases, each a function of the state and the
-    round's key: collect (sample, pairs, teacher, buffer), fit the reward
+    round's key: collect (sample, pairs, synthetic teacher, buffer), fit the reward
     model, fit the agent, finish (evaluate, count). The host driver compiles
     the phases as separate programs; here they trace into one.
 

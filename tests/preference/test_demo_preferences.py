@@ -119,3 +119,28 @@ def test_checkpoint_status_line(tmp_path):
     assert "3 of 7 rounds" in over and "will be overwritten" in over and "--resume" in over
     (tmp_path / CHECKPOINT_NAME).write_bytes(b"garbage")
     assert "cannot be read" in demo._checkpoint_status(tmp_path, True, 7)
+
+
+def test_figure_leaves_out_rounds_without_a_decided_fresh_pair():
+    """``fresh_accuracy`` is 0 where no new pair was decided (``fresh_decided`` 0): not measured, so not plotted."""
+    pytest.importorskip("matplotlib", reason="needs matplotlib (the notebooks extra)")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [(0.6, 0.7, 9, 8), (0.0, 0.9, 0, 5), (0.0, 0.0, 0, 0), (0.95, 1.0, 4, 6)]   # (acc0, acc1, n0, n1)
+    hist = [{"agent_steps": [1000, 1000], "gt_return": [10.0, 20.0], "reward_accuracy": [0.8, 0.9],
+             "fresh_accuracy": [a0, a1], "fresh_decided": [n0, n1]} for a0, a1, n0, n1 in rows]
+    res = {"history": hist, "settings": {"env": "cartpole"}, "baseline_return": None,
+           "final": {"heldout_accuracy": np.array([0.9, 0.95])}}
+    fig = demo.make_figure(plt, res)
+    try:
+        ax = fig.axes[1]
+        per_seed = [np.asarray(line.get_ydata(), np.float64) for line in ax.lines[:2]]
+        np.testing.assert_array_equal(per_seed[0], [0.6, np.nan, np.nan, 0.95])
+        np.testing.assert_array_equal(per_seed[1], [0.7, 0.9, np.nan, 1.0])
+        mean = next(line for line in ax.lines if line.get_label().startswith("on each round's new comparisons"))
+        np.testing.assert_allclose(np.asarray(mean.get_ydata(), np.float64), [0.65, 0.9, np.nan, 0.975])
+    finally:
+        plt.close(fig)
