@@ -89,7 +89,7 @@ class HumanTeacher:
     """
 
     #: the teacher's name in the preference loop's checkpoint fingerprint
-    #: (:func:`jaxweight.preference.driver.teacher_kind`): a resume with another teacher is refused
+    #: (:func:`jaxweight.preference.host_teacher.teacher_kind`): a resume with another teacher is refused
     kind = "human"
 
     def __init__(self, log_path: str | os.PathLike, env: Any, *, host: str = "127.0.0.1", port: int = 0,

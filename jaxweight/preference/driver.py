@@ -49,6 +49,7 @@ from .. import checkpoint
 from .._util import StateFileError, as_key, check_static_int, check_value, progress_bar
 from . import _programs, loop
 from .buffer import PreferenceBuffer
+from .host_teacher import ask_teacher, check_teacher, teacher_kind
 from .loop import VARIABLE_HORIZON_MESSAGE, LoopConfig, LoopPlan, LoopState, _jsonable, learned_reward_fn
 from .trainer import RewardTrainer
 
@@ -57,7 +58,7 @@ try:  # the agent generators need gymnax (the ``rl`` extra); datasets and the lo
 except ImportError:  # pragma: no cover - exercised only without gymnax
     HostGenerator = ()
 
-__all__ = ["PreferenceComparisons", "tqdm_progress", "teacher_kind", "CHECKPOINT_NAME", "COMPILER_OPTIONS"]
+__all__ = ["PreferenceComparisons", "tqdm_progress", "CHECKPOINT_NAME", "COMPILER_OPTIONS"]
 
 Array = jax.Array
 logger = logging.getLogger("jaxweight.preference")
@@ -99,52 +100,6 @@ _PROGRAMS = ("init", *loop._PHASES, "finish")
 _HOST_TEACHER_PROGRAMS = ("init", "collect_pairs", "push", *list(loop._PHASES)[1:], "finish")
 #: the extra arguments of a phase program, batched along the seed axis
 _PARTS_AXES = {"finish": (0,), "push": (0, 0, 0)}
-
-
-def teacher_kind(teacher: Any) -> str:
-    """The fingerprint's name of a teacher: ``"synthetic"`` for None, else ``teacher.kind`` or its class name."""
-    if teacher is None:
-        return "synthetic"
-    return str(getattr(teacher, "kind", None) or type(teacher).__name__)
-
-
-def _check_teacher(teacher: Any, num_seeds: int | None) -> None:
-    if teacher is None:
-        return
-    if not callable(getattr(teacher, "ask", None)):
-        raise ValueError(f"teacher must have ask(round_index, obs, predicted) -> (prefs, valid) (e.g. "
-                         f"jaxweight.label.HumanTeacher), got {type(teacher).__name__}")
-    if num_seeds is not None and num_seeds != 1:
-        raise ValueError(f"a host teacher ({teacher_kind(teacher)}) labels one run: num_seeds must be None or 1, "
-                         f"got {num_seeds}")
-
-
-def _ask(teacher: Any, i: int, n: int, pairs: Any, predicted: Array, batched: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Host: ``teacher.ask(i, obs[:n], predicted[:n])``, checked and padded to ``(prefs f32[P], valid bool[P])``.
-
-    ``P`` is the plan's ``max_pairs``: past ``n`` the preferences are 0.5 and
-    invalid (``push`` stores only the first ``n``).
-
-    Raises:
-      ValueError: answers of another shape, or a valid preference outside ``[0, 1]``.
-    """
-    obs, pred = jax.device_get((pairs.obs, predicted))
-    obs, pred = (obs[0], pred[0]) if batched else (obs, pred)
-    p_max = pred.shape[0]
-    prefs, valid = teacher.ask(i, np.asarray(obs[:n], np.float32), np.asarray(pred[:n], np.float32))
-    prefs, valid = np.asarray(prefs), np.asarray(valid)
-    if prefs.shape != (n,) or valid.shape != (n,) or valid.dtype != bool:
-        raise ValueError(f"the teacher's ask() must return (prefs f32[{n}], valid bool[{n}]) for round {i}, got "
-                         f"shapes {prefs.shape} and {valid.shape} ({valid.dtype})")
-    prefs = prefs.astype(np.float32)
-    bad = valid & ~((prefs >= 0.0) & (prefs <= 1.0))  # NaN fails both comparisons
-    if np.any(bad):
-        raise ValueError(f"the teacher's preferences must lie in [0, 1]; round {i} has {prefs[bad][:3].tolist()}")
-    full = np.full((p_max,), 0.5, np.float32)
-    full[:n] = np.where(valid, prefs, 0.5)
-    answered = np.zeros((p_max,), bool)
-    answered[:n] = valid
-    return (full[None], answered[None]) if batched else (full, answered)
 
 
 CHECKPOINT_NAME = "loop_state.ckpt"
@@ -442,7 +397,7 @@ class PreferenceComparisons:
         phases = list(loop._PHASES)
         if teacher is not None:
             pairs, predicted, parts = self._call("collect_pairs", batched, cfg, state, run_keys, i)
-            prefs, valid = _ask(teacher, i, cfg.plan.schedule[i], pairs, predicted, batched)
+            prefs, valid = ask_teacher(teacher, i, cfg.plan.schedule[i], pairs, predicted, batched)
             state, out = self._call("push", batched, cfg, state, run_keys, i, pairs, prefs, valid)
             parts = {**parts, **out}
             phases = phases[1:]
@@ -469,7 +424,7 @@ class PreferenceComparisons:
         so a later run with the same settings and code neither traces nor
         compiles them.
         """
-        _check_teacher(teacher, num_seeds)
+        check_teacher(teacher, num_seeds)
         cfg = self.config_for(total_timesteps, total_comparisons)
         batched = num_seeds is not None
         names = _PROGRAMS if teacher is None else _HOST_TEACHER_PROGRAMS
@@ -665,7 +620,7 @@ class PreferenceComparisons:
             ``(f32[n] in [0, 1], bool[n])``.
           jaxweight.StateFileError: a corrupted, truncated or foreign checkpoint file.
         """
-        _check_teacher(teacher, num_seeds)
+        check_teacher(teacher, num_seeds)
         cfg = self.config_for(total_timesteps, total_comparisons)
         plan = cfg.plan
         batched = num_seeds is not None
