@@ -22,6 +22,7 @@ import pytest
 from jaxweight import preference as pf
 from jaxweight.preference import buffer as pbuf
 from jaxweight.preference import fragments as fr
+from jaxweight.preference import gatherers
 from jaxweight.preference import training as tr
 from jaxweight.preference.evaluation import predicted_rewards, preference_accuracy, reward_correlation
 
@@ -239,7 +240,9 @@ def test_loop_step_reports_unmeasured_metrics_by_counts():
 
 
 def test_driver_phase_programs_with_an_agent():
-    """``init`` and the driver's four phase programs of two rounds (tiny CartPole agent), each checked."""
+    """``init`` and the driver's phase programs of two rounds (tiny CartPole agent), each checked:
+    round 0 with the synthetic teacher's ``collect``, round 1 with a host teacher's
+    ``collect_pairs`` and ``push`` (answers of the noiseless teacher, one pair skipped)."""
     from jaxweight.preference import driver as dr
     from jaxweight.preference import loop as lp
     from jaxweight.preference.envs import make_env, reward_net
@@ -252,13 +255,25 @@ def test_driver_phase_programs_with_an_agent():
     gen = AgentGenerator(env, params, config=ppo).with_reward(lp.learned_reward_fn(net, True))
     cfg = lp.config(gen, net, 1, 8, 8, trainer=tr.config(net, num_members=2, batch_size=4), fragment_length=L,
                     initial_comparison_frac=0.5, initial_epoch_multiplier=1.0, eval_episodes=1)
-    assert set(dr._PHASE_PROGRAMS) == {"collect", "fit_reward", "fit_agent", "finish"}
+    assert set(dr._PHASE_PROGRAMS) == set(dr._PROGRAMS[1:]) | set(dr._HOST_TEACHER_PROGRAMS[1:]) == {
+        "collect", "collect_pairs", "push", "fit_reward", "fit_agent", "finish"}
     programs = {name: jax.jit(p) for name, p in dr._PHASE_PROGRAMS.items()}
     run_key = jax.random.key(1)
     state = checked(lp.init, cfg, jax.random.key(0))
     for i in range(cfg.plan.num_rounds):
         parts = {}
-        for name in lp._PHASES:
+        phases = list(lp._PHASES)
+        if i == 1:   # a host teacher: collect_pairs, answers on the host, push
+            pairs, predicted, parts = checked(programs["collect_pairs"], state, run_key, cfg, jnp.int32(i))
+            assert np.all(np.isfinite(np.asarray(predicted)))
+            prefs, _ = gatherers.synthetic_preferences(0, pairs, temperature=0.0)
+            valid = np.asarray(pairs.valid).copy()
+            valid[0] = False
+            state, out = checked(programs["push"], state, run_key, cfg, jnp.int32(i), pairs,
+                                 jnp.asarray(prefs), jnp.asarray(valid))
+            parts = {**parts, **out}
+            phases = phases[1:]
+        for name in phases:
             state, out = checked(programs[name], state, run_key, cfg, jnp.int32(i))
             parts.update(out)
         state, out = checked(programs["finish"], state, run_key, cfg, jnp.int32(i), parts)
