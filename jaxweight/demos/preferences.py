@@ -9,6 +9,14 @@ al. 2017), on gymnax environments built in (no download):
   step pays 1, so fragments tie and carry no information, and the episode
   length leaks the reward; the loop refuses variable horizons.)
 - ``pendulum``: Pendulum-v1 (continuous torque, horizon 200, dense negative reward).
+- ``gymnax:<id>``: any gymnax environment (``gymnax:Acrobot-v1``,
+  ``gymnax:MountainCar-v0``, ``gymnax:MountainCarContinuous-v0``...) at its own
+  horizon, absorbing after termination (seals); generic settings by action space
+  (:func:`settings`).
+- ``brax:<name>``: a brax task (``brax:inverted_pendulum``,
+  ``brax:inverted_double_pendulum``, ``brax:reacher``; the ``brax`` extra) at
+  horizon 1000, absorbing after termination, with brax's PPO settings
+  (observation normalisation, reward scaling, 2048 environments).
 
 For several seeds at once (``jax.vmap``; the same four compiled programs every round) the
 loop asks a synthetic teacher to compare short fragments of the agent's
@@ -42,12 +50,12 @@ the page hears OK; ``--resume`` after a kill goes on from the last finished
 round and reuses the labels already given for the next one.
 
 Run ``python -m jaxweight demo preferences [--quick] [--resume] [--out DIR]
-[--env cartpole|pendulum] [--teacher synthetic|human] [--port P] [--seeds N] [--rounds K]
+[--env cartpole|pendulum|gymnax:<id>|brax:<name>] [--teacher synthetic|human] [--port P] [--seeds N] [--rounds K]
 [--comparisons N] [--timesteps N] [--fragment-length L] [--members M] [--reward-lr X] [--ppo-lr X]
 [--strict] [--tensorboard DIR]`` (``--help`` lists every flag). Outputs go under ``--out`` (default
 ``jaxweight-out/preferences/``): ``metrics.jsonl`` (one line per round,
 ``preference/...`` keys), ``<env>.json`` (results), ``<env>.png`` (plot) and
-the checkpoints. Compilation and running are timed apart.
+the checkpoints (``<env>`` with ``:`` written ``-``: ``gymnax-Acrobot-v1.json``). Compilation and running are timed apart.
 """
 
 from __future__ import annotations
@@ -109,11 +117,79 @@ class Settings:
     final_episodes: int = 32
     heldout_pairs: int = 2000
     heldout_steps: int = 5000
+    horizon: int | None = None
+    use_next_state: bool = False
+    use_action: bool = False
+    normalize_observations: bool = False
+    reward_scaling: float = 1.0
+    absorbing_bootstrap: bool = False
+
+
+#: reward-model inputs of the gymnax ids whose reward needs more than (state, next state)
+GYMNAX_REWARD_INPUTS = {"MountainCarContinuous-v0": dict(use_action=True)}
+#: reward-model inputs of the brax tasks whose reward needs the action (a control cost)
+BRAX_REWARD_INPUTS = {"reacher": dict(use_action=True)}
+#: brax's published PPO settings per task (brax/training/agents/ppo training configs), the rest as inverted_pendulum's
+BRAX_PPO = {
+    "inverted_pendulum": dict(total_timesteps=2_000_000, reward_scaling=10.0, gamma=0.97, learning_rate=3e-4,
+                              ent_coef=1e-2),
+    "inverted_double_pendulum": dict(total_timesteps=20_000_000, reward_scaling=10.0, gamma=0.97,
+                                     learning_rate=3e-4, ent_coef=1e-2),
+    "reacher": dict(total_timesteps=50_000_000, reward_scaling=5.0, gamma=0.95, learning_rate=3e-4, ent_coef=1e-3),
+}
+
+
+def _generic_base(env: str, quick: bool) -> dict:
+    """Settings of a ``"gymnax:<id>"`` or ``"brax:<name>"`` id (builds the environment to see its action space).
+
+    gymnax, discrete actions: the cartpole settings; continuous: the pendulum
+    ones. The reward model sees (state, next state) (a reward paid on arrival,
+    as Acrobot-v1's, needs the next state), and the action where the table
+    says so. brax: :data:`BRAX_PPO` (brax's minibatches of 5,120 steps, 4
+    epochs, observation normalisation, reward scaling; 512 environments of 80
+    steps and 8 minibatches an update instead of brax's 2048 and 32, so that a
+    round of the loop is several updates, not one), PPO's
+    ``absorbing_bootstrap``: without it an agent at horizon 1000 learns from
+    ~10 live steps per 1000 on InvertedPendulum), 50-step fragments, horizon 1000.
+    """
+    from jaxweight.preference.envs import make_env
+    from gymnax.environments import spaces
+
+    family, _, name = env.partition(":")
+    e, p = make_env(env)  # an unknown id or a missing extra: make_env's error
+    discrete = isinstance(e.action_space(p), spaces.Discrete)
+    if family == "brax":
+        base = dict(total_timesteps=2_000_000, total_comparisons=2_000, num_iterations=10, fragment_length=50,
+                    num_members=3, ppo_envs=512, ppo_steps=80, ppo_minibatches=8, ppo_epochs=4,
+                    learning_rate=3e-4, gamma=0.97, ent_coef=1e-2, normalize_observations=True, reward_scaling=10.0,
+                    absorbing_bootstrap=True, use_next_state=True, heldout_steps=20_000)
+        base.update(BRAX_PPO.get(name, {}))
+        base.update(BRAX_REWARD_INPUTS.get(name, {}))
+        if quick:
+            base.update(total_timesteps=min(base["total_timesteps"], 500_000), total_comparisons=600,
+                        num_iterations=5, ppo_envs=256, ppo_steps=40, ppo_minibatches=8)
+        return base
+    if discrete:
+        base = dict(total_timesteps=1_000_000, total_comparisons=2_000, num_iterations=10, fragment_length=20,
+                    num_members=3, ppo_envs=8, ppo_steps=64, ppo_minibatches=4, ppo_epochs=4, learning_rate=1e-3,
+                    gamma=0.99, ent_coef=0.01)
+    else:
+        base = dict(total_timesteps=600_000, total_comparisons=2_000, num_iterations=10, fragment_length=20,
+                    num_members=3, ppo_envs=16, ppo_steps=128, ppo_minibatches=16, ppo_epochs=10,
+                    learning_rate=1e-3, gamma=0.95, ent_coef=0.0)
+    base.update(use_next_state=True, **GYMNAX_REWARD_INPUTS.get(name, {}))
+    if quick:
+        base.update(total_timesteps=base["total_timesteps"] // 3, total_comparisons=600, num_iterations=5)
+    return base
 
 
 def settings(env: str = "cartpole", quick: bool = False, seeds: int | None = None, teacher: str = "synthetic",
              **overrides: Any) -> Settings:
-    """The demo's settings for ``env`` (``"cartpole"`` or ``"pendulum"``), full or ``quick``.
+    """The demo's settings for ``env`` (``"cartpole"``, ``"pendulum"``, ``"gymnax:<id>"``, ``"brax:<name>"``).
+
+    ``"gymnax:<id>"`` and ``"brax:<name>"`` get generic settings
+    (:func:`_generic_base`: by action space for gymnax, brax's published PPO
+    settings for brax), full or ``quick``.
 
     Teacher: temperature 1, answering with the Bradley-Terry probability
     itself (imitation's ``sample=False``), so pairs of equal return get the
@@ -154,8 +230,10 @@ def settings(env: str = "cartpole", quick: bool = False, seeds: int | None = Non
                     learning_rate=1e-3, gamma=0.95, ent_coef=0.0)
         if quick:
             base.update(total_timesteps=200_000, total_comparisons=600, num_iterations=5)
+    elif isinstance(env, str) and env.partition(":")[0] in ("gymnax", "brax") and ":" in env:
+        base = _generic_base(env, quick)
     else:
-        raise ValueError(f"env must be 'cartpole' or 'pendulum', got {env!r}")
+        raise ValueError(f"env must be 'cartpole', 'pendulum', 'gymnax:<id>' or 'brax:<name>', got {env!r}")
     if teacher not in TEACHERS:
         raise ValueError(f"teacher must be one of {list(TEACHERS)}, got {teacher!r}")
     human = teacher == "human"
@@ -185,15 +263,16 @@ def build(s: Settings) -> PreferenceComparisons:
     from jaxweight.preference.generators import AgentGenerator
     from jaxweight.preference.ppo import PPOConfig, PPOHParams
 
-    env, env_params = make_env(s.env)
-    net = reward_net(env, env_params)
+    env, env_params = make_env(s.env, horizon=s.horizon)
+    net = reward_net(env, env_params, use_next_state=s.use_next_state, use_action=s.use_action)
     k = s.num_iterations
     tpi, extra = divmod(s.total_timesteps, k)
     agent_steps = (k + 1) * tpi + extra  # imitation trains the agent in K + 1 rounds
     gen = AgentGenerator(
         env, env_params,
         config=PPOConfig(num_envs=s.ppo_envs, num_steps=s.ppo_steps, num_minibatches=s.ppo_minibatches,
-                         update_epochs=s.ppo_epochs),
+                         update_epochs=s.ppo_epochs, normalize_observations=s.normalize_observations,
+                         reward_scaling=s.reward_scaling, absorbing_bootstrap=s.absorbing_bootstrap),
         hparams=PPOHParams.create(learning_rate=s.learning_rate, gamma=s.gamma, ent_coef=s.ent_coef,
                                   anneal_steps=float(agent_steps)),
     )
@@ -246,6 +325,32 @@ def true_reward_baseline(pc, s: Settings, key: Any, agent_steps: int) -> np.ndar
         k_init, k_train, k_eval = jax.random.split(k, 3)
         state = gen.train(gen.init(k_init), k_train, agent_steps)
         return jnp.mean(gen.evaluate(state, k_eval, s.final_episodes))
+
+    keys = jax.random.split(jax.random.key(key) if isinstance(key, int) else key, s.seeds)
+    return np.asarray(jax.device_get(jax.jit(jax.vmap(one))(keys)))
+
+
+def random_return(pc, s: Settings, key: Any) -> np.ndarray:
+    """True returns ``[seeds]`` of a uniformly random policy (mean of ``final_episodes`` episodes each):
+    the zero of the normalised score ``(learned - random) / (true - random)``."""
+    gen = pc.generator
+    env, params, h = gen.base_env, gen.env_params, gen.horizon
+
+    def episode(k):
+        k0, ks = jax.random.split(k)
+        _, st = env.reset_env(k0, params)
+
+        def step(carry, kk):
+            st, alive = carry
+            ka, ke = jax.random.split(kk)
+            a = gen._random_action(ka)
+            _, st, r, done, _ = env.step_env(ke, st, a, params)
+            return (st, alive & ~done), jnp.where(alive, jnp.asarray(r, jnp.float32), 0.0)
+
+        return jnp.sum(jax.lax.scan(step, (st, jnp.asarray(True)), jax.random.split(ks, h))[1])
+
+    def one(k):
+        return jnp.mean(jax.vmap(episode)(jax.random.split(k, s.final_episodes)))
 
     keys = jax.random.split(jax.random.key(key) if isinstance(key, int) else key, s.seeds)
     return np.asarray(jax.device_get(jax.jit(jax.vmap(one))(keys)))
@@ -443,7 +548,7 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
     """Run the demo; returns the results dict (also written to ``out/<env>[_quick].json`` with a PNG plot).
 
     Args:
-      env: ``"cartpole"`` or ``"pendulum"``.
+      env: ``"cartpole"``, ``"pendulum"``, ``"gymnax:<id>"`` or ``"brax:<name>"``.
       quick: the small version.
       seeds: number of seeds run at once (default 4, quick 2).
       out: output folder (checkpoints, ``metrics.jsonl``, JSON, plot); ``None`` writes nothing.
@@ -472,7 +577,7 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
     if human and out is None:
         raise ValueError("--teacher human needs an output folder (out=...) to keep the label log in")
     pc = build(s)
-    tag = f"{env}_quick" if quick else env
+    tag = file_tag(env, quick)
     ckpt = None if out is None else Path(out) / "checkpoints" / tag
     plan = pc.plan(s.total_timesteps, s.total_comparisons)
     per_round = f" ({min(plan.schedule)} to {max(plan.schedule)} a round)" if human else ""
@@ -540,6 +645,9 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
         if baseline:
             log(f"[preferences] PPO on the true reward, {sum(plan.agent_steps):,} steps per seed ...")
             base = true_reward_baseline(pc, s, jax.random.fold_in(jax.random.key(seed), 2), sum(plan.agent_steps))
+        # the random policy's return for the id environments (the built-in runs stay what they were)
+        rnd = None if env in GOAL_RETURN or env == "pendulum" else random_return(
+            pc, s, jax.random.fold_in(jax.random.key(seed), 3))
     wall = time.perf_counter() - t0
     res = {
         "settings": dataclasses.asdict(s),
@@ -548,6 +656,7 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
         "overrides": pc.overrides,
         "final": final,
         "baseline_return": base,
+        "random_return": rnd,
         "labels": None if labels is None else str(labels),
         "wall_s": wall,
         "loop_s": t_loop,
@@ -567,9 +676,31 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
     return res
 
 
+def file_tag(env: str, quick: bool = False) -> str:
+    """The name of a run's files and checkpoint folder: ``env`` with ``:`` as ``-``, ``_quick`` when quick."""
+    tag = env.replace(":", "-").replace("/", "-")
+    return f"{tag}_quick" if quick else tag
+
+
+def normalised_score(res: dict) -> np.ndarray | None:
+    """Per seed ``(learned - random) / (true - random)`` (the issue's goal: >= 0.8), or None without a
+    baseline or a random return."""
+    if res.get("baseline_return") is None or res.get("random_return") is None:
+        return None
+    learned = np.asarray(res["final"]["return"], np.float64)
+    true = np.asarray(res["baseline_return"], np.float64)
+    rnd = np.asarray(res["random_return"], np.float64)
+    return (learned - rnd) / np.where(true - rnd == 0, np.nan, true - rnd)
+
+
 def report(res: dict) -> str:
     """The printed summary: table, wall time, files (the goals are printed by :func:`main`)."""
     lines = ["", format_table(res), ""]
+    score = normalised_score(res)
+    if score is not None:
+        lines.append(f"  normalised score (learned - random) / (PPO on true r - random): "
+                     f"{', '.join(f'{x:.2f}' for x in score)} (mean {np.mean(score):.2f}); random policy "
+                     f"{np.mean(res['random_return']):.1f}")
     load = res.get("load_avg")
     lines.append(f"  wall time {res['wall_s']:.0f} s: compile {res.get('compile_s', 0):.1f} s, "
                  f"run {res.get('run_s', 0):.1f} s, evaluation {res.get('evaluate_s', 0):.1f} s"
@@ -590,7 +721,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--resume", action="store_true", help="continue a killed run from its last finished round")
     ap.add_argument("--resume-override", action="store_true",
                     help="with --resume: continue even if settings differ from the checkpoint's (changes are logged)")
-    ap.add_argument("--env", default="cartpole", choices=("cartpole", "pendulum"))
+    ap.add_argument("--env", default="cartpole", metavar="ENV",
+                    help="cartpole (default), pendulum, gymnax:<id> (any gymnax environment, e.g. gymnax:Acrobot-v1) "
+                         "or brax:<name> (e.g. brax:inverted_pendulum; needs pip install 'jaxweight[brax]')")
     ap.add_argument("--teacher", default="synthetic", choices=TEACHERS,
                     help="who compares the fragments: the synthetic teacher (default) or a person on a labelling "
                          "page whose URL is printed (needs pip install 'jaxweight[label]'; one seed, 16 rounds, "
@@ -648,12 +781,13 @@ def main(argv: list[str] | None = None) -> int:
                   port=args.port or 0, **overrides)
     except StateFileError as e:  # a damaged or foreign checkpoint or label log
         return _fail(str(e).splitlines()[0])
-    except ValueError as e:  # settings the loop refuses, or a checkpoint of other settings
-        return _fail(" ".join(str(e).split()))
+    except (ValueError, ImportError) as e:  # settings the loop refuses, a checkpoint of other settings, an
+        return _fail(" ".join(str(e).split()))  # unknown env id or the missing extra of one
     print(report(res))
     sys.stdout.flush()
     return C.finish(goals(res), args.strict)
 
 
-__all__ = ["Settings", "settings", "build", "human_teacher", "evaluate", "true_reward_baseline", "format_table",
+__all__ = ["Settings", "settings", "file_tag", "build", "human_teacher", "evaluate", "true_reward_baseline",
+           "random_return", "normalised_score", "format_table",
            "goals", "make_figure", "plot", "run", "report", "parser", "main"]

@@ -4,7 +4,9 @@ An id is ``"<family>:<name>"``: ``"gymnax:<id>"`` is any id of
 ``gymnax.registered_envs`` (``"gymnax:Acrobot-v1"``, ``"gymnax:MountainCar-v0"``,
 ``"gymnax:Pendulum-v1"``), made with ``gymnax.make`` and wrapped in
 :class:`~jaxweight.preference.fixed_horizon.FixedHorizon`; ``"brax:<name>"`` is
-reserved for brax (not wrapped yet). A user's own environment is an object with
+any name of brax's registry (``"brax:inverted_pendulum"``, ``"brax:halfcheetah"``;
+:mod:`~jaxweight.preference.brax_envs`: horizon 1000 by default, seals-style
+observations with the current position), wrapped the same way. A user's own environment is an object with
 the gymnax ``Environment`` interface (see ``make_env``), wrapped the same way.
 The built-in ids (``"cartpole"``, ``"pendulum"``) are resolved by ``make_env``
 itself. Each family names the package it needs and the extra that installs
@@ -68,14 +70,16 @@ def _gymnax_build(name: str, horizon: int | None, kwargs: dict) -> tuple[Any, An
 
 
 def _brax_names() -> list[str]:
-    return []
+    from .brax_envs import brax_names
+
+    return brax_names()
 
 
 def _brax_build(name: str, horizon: int | None, kwargs: dict) -> tuple[Any, Any]:
-    # The extension point: a brax env behind the gymnax interface (reset_env/step_env on
-    # brax's State, the x position in the observation as seals' mujoco envs), then FixedHorizon.
-    raise NotImplementedError(f"'brax:{name}': brax environments are not wrapped yet; use a 'gymnax:' id "
-                              "or a gymnax Environment object")
+    from .brax_envs import make_brax
+
+    env = FixedHorizon(make_brax(name, kwargs), horizon, env_id=None if kwargs else f"brax:{name}")
+    return env, env.default_params
 
 
 #: prefix -> :class:`Family` of the ids ``"<prefix>:<name>"``
@@ -136,7 +140,6 @@ def make(env: Any, *, horizon: int | None = None, builtins: Sequence[str] = (), 
         object without the gymnax interface; ``horizon`` different from the
         one of an object that is already fixed-horizon.
       ImportError: the family's package is missing (names the extra to install).
-      NotImplementedError: a ``"brax:"`` id with brax installed.
     """
     if isinstance(env, str):
         return _make_id(env, horizon, builtins, kwargs)

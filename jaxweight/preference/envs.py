@@ -6,7 +6,8 @@ all CartPole fragments tie and the length leaks the reward), as in seals:
 and :class:`FixedHorizonPendulum` (200 steps) are the gymnax counterparts.
 :func:`make_env` is the one factory: a built-in id, ``"gymnax:<id>"`` (any
 gymnax environment, absorbing after termination:
-:mod:`~jaxweight.preference.fixed_horizon`), ``"brax:<name>"`` (reserved) or
+:mod:`~jaxweight.preference.fixed_horizon`), ``"brax:<name>"`` (any brax environment, same wrapping:
+:mod:`~jaxweight.preference.brax_envs`) or
 a user's gymnax ``Environment`` object (the protocol is in its docstring).
 :class:`LearnedRewardEnv` replaces the reward with a learned one whose params
 ride in the env params (:class:`LearnedRewardParams`), so a new reward model
@@ -413,7 +414,11 @@ def make_env(env: str | environment.Environment, *, horizon: int | None = None,
           :class:`~jaxweight.preference.fixed_horizon.FixedHorizon`: after a
           termination the episode absorbs (terminal observation repeated,
           reward 0) until the horizon, as seals' ``AbsorbAfterDoneWrapper``;
-        - ``"brax:<name>"``: reserved for brax (needs ``pip install 'jaxweight[brax]'``);
+        - ``"brax:<name>"``: any name of brax's registry (``"brax:inverted_pendulum"``,
+          ``"brax:reacher"``, ``"brax:halfcheetah"``; needs ``pip install 'jaxweight[brax]'``),
+          wrapped in ``FixedHorizon`` the same way (default horizon 1000; actions in
+          ``[-1, 1]``; the current position kept in the observation where brax can drop
+          it, as seals): :mod:`~jaxweight.preference.brax_envs`;
         - a user's environment: an object with the gymnax ``Environment``
           interface, wrapped in ``FixedHorizon`` the same way. It needs
           ``default_params`` (their ``max_steps_in_episode``, when finite, is

@@ -153,7 +153,10 @@ class FixedHorizon(environment.Environment):
     Steps (see the module docstring): ``step_env(key, state, action, params) ->
     (obs, state, reward f32[], done bool[], info)`` with ``done`` only at
     ``params.max_steps_in_episode`` and ``info = {"discount": f32[], "absorbing":
-    bool[]}``; the inner state keeps the dtypes and shapes it had at reset.
+    bool[], "entered_absorbing": bool[]}`` (``absorbing``: this step was taken in
+    the absorbing state; ``entered_absorbing``: the inner environment terminated on
+    this step, so the next ones absorb); the inner state keeps the dtypes and
+    shapes it had at reset.
 
     Raises:
       ValueError: ``horizon`` not an int >= 1, or ``None`` for an environment
@@ -221,7 +224,8 @@ class FixedHorizon(environment.Environment):
         time = state.time + 1
         done = time >= params.max_steps_in_episode
         terminated = jnp.reshape(jnp.asarray(terminated), ()).astype(bool)
-        info = {"discount": jnp.where(done, 0.0, 1.0).astype(jnp.float32), "absorbing": absorbing}
+        info = {"discount": jnp.where(done, 0.0, 1.0).astype(jnp.float32), "absorbing": absorbing,
+                "entered_absorbing": ~absorbing & terminated}
         return obs, FixedHorizonState(env_state, obs, time, absorbing | terminated), reward, done, info
 
     def reset_env(self, key, params: FixedHorizonParams):

@@ -34,8 +34,9 @@ from gymnax.environments import environment, spaces
 from .._util import as_key, check_static_int, check_value
 from .data import Trajectories
 from .envs import LearnedRewardEnv, LearnedRewardParams, LearnedRewardState, env_step, make_env
+from .fixed_horizon import FixedHorizon
 from .ppo import (ActorCritic, PPOConfig, PPOHParams, PPOState, Transition, _log_prob_entropy, _sample_action, gae,
-                  ppo_loss)
+                  obs_norm_apply, obs_norm_init, obs_norm_update, ppo_loss)
 
 __all__ = [
     "TrajectoryGenerator",
@@ -290,6 +291,13 @@ class AgentGenerator:
         for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs"):
             check_static_int(getattr(cfg, name), f"config.{name}", 1)
         check_value(cfg.max_grad_norm, "config.max_grad_norm", gt=0.0, static=True)
+        check_value(cfg.reward_scaling, "config.reward_scaling", gt=0.0, static=True)
+        check_value(cfg.init_log_std, "config.init_log_std", static=True)
+        if cfg.absorbing_bootstrap and not isinstance(env, FixedHorizon):
+            raise ValueError(f"config.absorbing_bootstrap needs a FixedHorizon environment (a 'gymnax:' or 'brax:' "
+                             f"id of make_env, or a wrapped object), got {type(env).__name__}")
+        if not isinstance(cfg.normalize_observations, bool):
+            raise ValueError(f"config.normalize_observations must be a bool, got {cfg.normalize_observations!r}")
         if not all(isinstance(h, int | np.integer) and h >= 1 for h in cfg.hidden_sizes):
             raise ValueError(f"config.hidden_sizes must be ints >= 1, got {cfg.hidden_sizes!r}")
         if cfg.batch_size % cfg.num_minibatches:
@@ -306,7 +314,8 @@ class AgentGenerator:
             self._low = jnp.asarray(self.action_space.low, jnp.float32)
             self._high = jnp.asarray(self.action_space.high, jnp.float32)
         self.obs_shape = tuple(env.observation_space(env_params).shape)
-        self.network = ActorCritic(self.action_dim, self.discrete, tuple(cfg.hidden_sizes), cfg.activation)
+        self.network = ActorCritic(self.action_dim, self.discrete, tuple(cfg.hidden_sizes), cfg.activation,
+                                   float(cfg.init_log_std))
         self.tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.scale_by_adam(eps=1e-5))
         # Static facts for the loop's variable-horizon check: environments that declare
         # `fixed_horizon` always run `horizon` steps; for others the loop checks the samples.
@@ -321,6 +330,15 @@ class AgentGenerator:
         for f in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "hidden_sizes", "activation",
                   "max_grad_norm"):
             fp[f"ppo/{f}"] = getattr(self.config, f)
+        # settings added later: recorded only when set, so earlier runs' fingerprints stay what they were
+        if self.config.normalize_observations:
+            fp["ppo/normalize_observations"] = True
+        if self.config.reward_scaling != 1.0:
+            fp["ppo/reward_scaling"] = float(self.config.reward_scaling)
+        if self.config.init_log_std != 0.0:
+            fp["ppo/init_log_std"] = float(self.config.init_log_std)
+        if self.config.absorbing_bootstrap:
+            fp["ppo/absorbing_bootstrap"] = True
         for f in ("learning_rate", "gamma", "gae_lambda", "clip_eps", "ent_coef", "vf_coef", "vf_clip",
                   "anneal_steps"):
             fp[f"ppo/{f}"] = np.asarray(jax.device_get(getattr(self.hparams, f))).tolist()
@@ -406,39 +424,53 @@ class AgentGenerator:
             obs=obs,
             steps=jnp.asarray(0, jnp.int32),
             episodes=jnp.asarray(0, jnp.int32),
+            obs_norm=obs_norm_init(self.obs_shape) if self.config.normalize_observations else None,
         )
         return AgentState(ppo=ppo)
 
     # ---------------------------------------------------------------- training
-    def rollout(self, ppo: PPOState, key: Any, reward_params: Any = None) -> tuple[Any, Array, Transition, Array]:
+    def rollout(self, ppo: PPOState, key: Any, reward_params: Any = None,
+                hparams: PPOHParams | None = None) -> tuple[Any, Array, Transition, Array]:
         """One training rollout of ``num_steps`` steps in the ``num_envs`` training environments.
 
         Args:
           ppo: the PPO state (its ``env_state`` / ``obs`` are continued).
           key: rollout key.
           reward_params: params of ``reward_apply`` (ignored without one).
+          hparams: PPO hyperparameters (only ``gamma`` is used, by
+            ``config.absorbing_bootstrap``; default the constructor's).
 
         Returns:
           ``(env_state, obs f32[E, D], traj, true_reward f32[S, E])``: ``traj.reward``
           is what the agent learns from (the learned reward when ``reward_apply``
-          is set), ``true_reward`` the environment's own reward of the same steps
+          is set, times ``config.reward_scaling``), ``traj.obs`` the raw
+          observations, ``true_reward`` the environment's own reward of the same steps
           (for diagnostics; never used for learning).
         """
         cfg = self.config
+        hp = self.hparams if hparams is None else hparams
         env = self.env if self.env is not None else self.base_env
         env_params = self._train_env_params(reward_params)
 
         def step(carry, k):
             env_state, obs = carry
             k_act, k_env = jax.random.split(k)
-            out, log_std, value = self.network.apply(ppo.params, obs)
+            out, log_std, value = self.network.apply(ppo.params, obs_norm_apply(ppo.obs_norm, obs))
             a = _sample_action(k_act, out, log_std, self.discrete)
             logp, _ = _log_prob_entropy(out, log_std, a, self.discrete)
             obs2, env_state, r, done, info = jax.vmap(partial(env_step, env), in_axes=(0, 0, 0, None))(
                 jax.random.split(k_env, cfg.num_envs), env_state, self._env_action(a), env_params
             )
             true_r = info["true_reward"] if self.env is not None else r
-            tr = Transition(obs, a, logp, value, jnp.asarray(r, jnp.float32), jnp.asarray(done, bool))
+            r = jnp.asarray(r, jnp.float32)
+            done = jnp.asarray(done, bool)
+            if cfg.absorbing_bootstrap:
+                env_state, obs2, r, done = self._absorb(env, env_params, reward_params, hp, k_env, env_state,
+                                                        jnp.asarray(obs2, jnp.float32), self._env_action(a), r,
+                                                        done, info["entered_absorbing"])
+            if cfg.reward_scaling != 1.0:  # a Python branch: at 1.0 the program is the one of before
+                r = r * jnp.float32(cfg.reward_scaling)
+            tr = Transition(obs, a, logp, value, r, done)
             return (env_state, jnp.asarray(obs2, jnp.float32)), (tr, jnp.asarray(true_r, jnp.float32))
 
         (env_state, obs), (traj, true_r) = jax.lax.scan(
@@ -446,12 +478,40 @@ class AgentGenerator:
         )
         return env_state, obs, traj, true_r
 
+    def _absorb(self, env, env_params, reward_params, hp, k_env, env_state, obs2, action, r, done, entered):
+        """``config.absorbing_bootstrap`` for one step of the ``E`` training envs: those that ``entered`` the
+        absorbing state (and are not at the horizon anyway) end their episode with the discounted value of
+        absorbing forever added to their reward, and are reset. Returns ``(env_state, obs2, r, done)``."""
+        entered = jnp.asarray(entered, bool) & ~done
+        if self.env is not None:  # the learned reward of an absorbing step: (terminal obs, action, terminal obs)
+            r_abs = jax.vmap(self.reward_apply, in_axes=(None, 0, 0, 0, 0))(
+                reward_params, obs2, action, obs2, jnp.zeros_like(done))
+            r_abs = jnp.asarray(r_abs, jnp.float32)
+        else:  # FixedHorizon pays 0 while absorbing
+            r_abs = jnp.zeros_like(r)
+        gamma = hp.gamma
+        bonus = gamma * r_abs / jnp.maximum(1.0 - gamma, 1e-3)  # reward_scaling applies to it with r, after
+        r = r + jnp.where(entered, bonus, 0.0)
+        obs_re, state_re = jax.vmap(env.reset, in_axes=(0, None))(
+            jax.random.split(jax.random.fold_in(k_env, 1), self.config.num_envs), env_params)
+
+        def pick(new, old):
+            m = jnp.reshape(entered, entered.shape + (1,) * (old.ndim - 1))
+            return jnp.where(m, new, old)
+
+        env_state = jax.tree.map(pick, state_re, env_state)
+        obs2 = pick(jnp.asarray(obs_re, jnp.float32), obs2)
+        return env_state, obs2, r, done | entered
+
     def _update(self, ppo: PPOState, key, reward_params, hp: PPOHParams) -> PPOState:
         cfg = self.config
         k_roll, k_perm = jax.random.split(key)
         lr = hp.current_learning_rate(ppo.steps)
-        env_state, obs, traj, _ = self.rollout(ppo, k_roll, reward_params)
-        _, _, last_value = self.network.apply(ppo.params, obs)
+        env_state, obs, traj, _ = self.rollout(ppo, k_roll, reward_params, hp)
+        norm = ppo.obs_norm
+        if norm is not None:  # brax's order: the rollout's observations join the statistics before the update
+            norm = obs_norm_update(norm, traj.obs)
+        _, _, last_value = self.network.apply(ppo.params, obs_norm_apply(norm, obs))
         adv, targets = gae(traj, last_value, hp)
         n = cfg.batch_size
         flat = jax.tree.map(lambda x: x.reshape((n,) + x.shape[2:]), (traj, adv, targets))
@@ -465,7 +525,7 @@ class AgentGenerator:
             def mb_step(carry, mb):
                 params, opt_state = carry
                 batch, a, t = mb
-                grads = jax.grad(ppo_loss, argnums=2)(self.network, self.discrete, params, batch, a, t, hp)
+                grads = jax.grad(ppo_loss, argnums=2)(self.network, self.discrete, params, batch, a, t, hp, norm)
                 updates, opt_state = self.tx.update(grads, opt_state, params)
                 params = jax.tree.map(lambda p, u: p - lr * u, params, updates)
                 return (params, opt_state), None
@@ -482,6 +542,7 @@ class AgentGenerator:
             obs=obs,
             steps=ppo.steps + jnp.asarray(n, jnp.int32),
             episodes=ppo.episodes + jnp.sum(traj.done, dtype=jnp.int32),
+            obs_norm=norm,
         )
 
     def train(self, state: AgentState, key: Any, steps: Any, reward_params: Any = None, *,
@@ -514,8 +575,14 @@ class AgentGenerator:
         return state.replace(ppo=ppo)
 
     # ---------------------------------------------------------------- sampling
-    def _act(self, params, obs, key, deterministic=False):
-        out, log_std, _ = self.network.apply(params, obs)
+    @staticmethod
+    def _policy(state: AgentState) -> tuple[Any, Any]:
+        """What acting needs: ``(network params, ObsNorm or None)``."""
+        return state.ppo.params, state.ppo.obs_norm
+
+    def _act(self, policy, obs, key, deterministic=False):
+        params, norm = policy
+        out, log_std, _ = self.network.apply(params, obs_norm_apply(norm, obs))
         if deterministic:
             return jnp.argmax(out, axis=-1).astype(jnp.int32) if self.discrete else out
         return _sample_action(key, out, log_std, self.discrete)
@@ -525,7 +592,7 @@ class AgentGenerator:
             return jax.random.randint(key, (), 0, self.action_dim, jnp.int32)
         return jax.random.uniform(key, (self.action_dim,), jnp.float32, self._low, self._high)
 
-    def _episode(self, params, key, explore, deterministic=False):
+    def _episode(self, policy, key, explore, deterministic=False):
         """One episode of at most ``horizon`` steps without auto-reset: ``(obs, acts, rews, length, terminal)``.
 
         ``explore`` is ``bool[]`` or the Python ``False`` (no exploration code is traced:
@@ -543,7 +610,7 @@ class AgentGenerator:
         def step(carry, k):
             s, obs, use_random, alive = carry
             k_sw, k_pick, k_pol, k_rand, k_env = jax.random.split(k, 5)
-            a_pol = self._env_action(self._act(params, obs, k_pol, deterministic))
+            a_pol = self._env_action(self._act(policy, obs, k_pol, deterministic))
             if traced:
                 switch = explore & (jax.random.uniform(k_sw) < self.switch_prob)
                 use_random = jnp.where(switch, jax.random.uniform(k_pick) < self.random_prob, use_random)
@@ -602,11 +669,11 @@ class AgentGenerator:
         keys = jax.random.split(key, n_eps)
         if self.exploration_frac > 0:
             obs, acts, rews, lengths, terminal = jax.vmap(self._episode, in_axes=(None, 0, 0))(
-                state.ppo.params, keys, explore
+                self._policy(state), keys, explore
             )
         else:  # no exploration episode is used: leave its code out of the program
             obs, acts, rews, lengths, terminal = jax.vmap(lambda p, k: self._episode(p, k, False), in_axes=(None, 0))(
-                state.ppo.params, keys
+                self._policy(state), keys
             )
         return Trajectories(
             obs=obs,
@@ -628,5 +695,5 @@ class AgentGenerator:
         num_episodes = check_static_int(num_episodes, "num_episodes", minimum=1)
         keys = jax.random.split(as_key(key), num_episodes)
         episode = partial(self._episode, deterministic=bool(deterministic))
-        _, _, rews, _, _ = jax.vmap(lambda p, k: episode(p, k, False), in_axes=(None, 0))(state.ppo.params, keys)
+        _, _, rews, _, _ = jax.vmap(lambda p, k: episode(p, k, False), in_axes=(None, 0))(self._policy(state), keys)
         return jnp.sum(rews, axis=-1)

@@ -34,7 +34,8 @@ from flax import struct
 
 from .._util import check_value
 
-__all__ = ["PPOConfig", "PPOHParams", "PPOState", "ActorCritic", "Transition", "orthogonal", "gae", "ppo_loss"]
+__all__ = ["PPOConfig", "PPOHParams", "PPOState", "ActorCritic", "Transition", "ObsNorm", "orthogonal", "gae",
+           "ppo_loss", "obs_norm_init", "obs_norm_update", "obs_norm_apply"]
 
 Array = jax.Array
 
@@ -52,6 +53,34 @@ class PPOConfig:
       hidden_sizes: MLP widths of the actor and of the critic.
       activation: ``"tanh"`` or ``"relu"`` (any ``flax.linen`` activation name).
       max_grad_norm: global-norm gradient clipping.
+      normalize_observations: keep running mean and variance of the observations
+        in the agent state (:class:`ObsNorm`, updated with every rollout before
+        the update, as brax's PPO) and feed the networks ``clip((obs - mean) /
+        std, +-10)``; what MuJoCo-class observations (positions next to
+        velocities of tens) need. Off by default (the built-in environments'
+        runs are unchanged).
+      reward_scaling: the rewards PPO learns from are multiplied by this
+        (brax's ``reward_scaling``; 1.0 leaves them as they are). Static: a new
+        value recompiles (a float leaf of :class:`PPOHParams` would change the
+        layout of every saved loop state).
+      init_log_std: initial value of the state-independent, learned
+        ``log_std`` of continuous actions (0.0: std 1, as before; actions are
+        clipped to the action space, so with ``[-1, 1]`` actions a std of 1
+        puts about a third of the samples on the bounds; brax's tanh-squashed
+        policy starts near 0.7 before the squashing).
+      absorbing_bootstrap: training rollouts only, for a
+        :class:`~jaxweight.preference.fixed_horizon.FixedHorizon` environment: when
+        an environment enters its absorbing state, PPO ends the episode there and
+        resets it, adding the discounted value of absorbing forever,
+        ``gamma * r_abs / (1 - gamma)`` with ``r_abs`` the reward of an absorbing
+        step (0 for the true reward; the learned reward of ``(terminal obs,
+        action, terminal obs)``), instead of stepping through the rest of the
+        horizon. The same objective as the absorbing MDP (up to the horizon's
+        cut-off of that geometric sum), so a constant shift of a learned reward
+        still changes nothing; but the agent learns from live steps instead of up
+        to ``horizon`` absorbing ones per episode (brax's InvertedPendulum falls
+        within ~10 of its 1000 steps at first). Samples for the teacher and
+        evaluations still run the whole fixed horizon.
     """
 
     num_envs: int = struct.field(pytree_node=False, default=16)
@@ -61,6 +90,10 @@ class PPOConfig:
     hidden_sizes: tuple = struct.field(pytree_node=False, default=(64, 64))
     activation: str = struct.field(pytree_node=False, default="tanh")
     max_grad_norm: float = struct.field(pytree_node=False, default=0.5)
+    normalize_observations: bool = struct.field(pytree_node=False, default=False)
+    reward_scaling: float = struct.field(pytree_node=False, default=1.0)
+    init_log_std: float = struct.field(pytree_node=False, default=0.0)
+    absorbing_bootstrap: bool = struct.field(pytree_node=False, default=False)
 
     @property
     def batch_size(self) -> int:
@@ -180,6 +213,7 @@ class ActorCritic(nn.Module):
     discrete: bool
     hidden_sizes: Sequence[int] = (64, 64)
     activation: str = "tanh"
+    init_log_std: float = 0.0
 
     @nn.compact
     def __call__(self, obs):
@@ -196,7 +230,9 @@ class ActorCritic(nn.Module):
         if self.discrete:
             log_std = jnp.zeros((self.action_dim,), jnp.float32)
         else:
-            log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+            init = (nn.initializers.zeros if self.init_log_std == 0.0
+                    else nn.initializers.constant(self.init_log_std))
+            log_std = self.param("log_std", init, (self.action_dim,))
         return out, log_std, v
 
 
@@ -233,6 +269,8 @@ class PPOState:
       obs: ``f32[E, D]`` current observations of the training environments.
       steps: ``i32[]`` environment steps trained so far.
       episodes: ``i32[]`` training episodes finished so far.
+      obs_norm: :class:`ObsNorm` with ``PPOConfig.normalize_observations``, else
+        ``None`` (no leaves: the state of a run without it is what it was).
     """
 
     params: Any
@@ -241,6 +279,56 @@ class PPOState:
     obs: Array
     steps: Array
     episodes: Array
+    obs_norm: Any = None
+
+
+@struct.dataclass
+class ObsNorm:
+    """Running statistics of the observations (Chan et al.'s parallel mean / variance update).
+
+    Attributes:
+      mean: ``f32[*obs_shape]``.
+      m2: ``f32[*obs_shape]`` sum of squared deviations from the mean.
+      count: ``f32[]`` observations seen (starts at a tiny 1e-4 so that the
+        first normalisation is the identity up to 1e-4).
+    """
+
+    mean: Array
+    m2: Array
+    count: Array
+
+
+#: normalised observations are clipped to +-this (Stable-Baselines3's VecNormalize ``clip_obs``)
+OBS_CLIP = 10.0
+_OBS_EPS = 1e-8
+
+
+def obs_norm_init(obs_shape: Sequence[int]) -> ObsNorm:
+    """Statistics of no observation: mean 0, variance 1."""
+    shape = tuple(obs_shape)
+    c = jnp.asarray(1e-4, jnp.float32)
+    return ObsNorm(jnp.zeros(shape, jnp.float32), c * jnp.ones(shape, jnp.float32), c)
+
+
+def obs_norm_update(norm: ObsNorm, obs: Array) -> ObsNorm:
+    """``norm`` with the observations ``f32[..., *obs_shape]`` folded in (all leading axes are a batch)."""
+    x = jnp.asarray(obs, jnp.float32).reshape((-1,) + norm.mean.shape)
+    n = jnp.asarray(x.shape[0], jnp.float32)
+    b_mean = jnp.mean(x, axis=0)
+    b_m2 = jnp.sum(jnp.square(x - b_mean), axis=0)
+    total = norm.count + n
+    delta = b_mean - norm.mean
+    mean = norm.mean + delta * (n / total)
+    m2 = norm.m2 + b_m2 + jnp.square(delta) * (norm.count * n / total)
+    return ObsNorm(mean, m2, total)
+
+
+def obs_norm_apply(norm: ObsNorm | None, obs: Array) -> Array:
+    """``clip((obs - mean) / sqrt(var + 1e-8), +-10)`` of ``f32[..., *obs_shape]``; ``obs`` itself for ``None``."""
+    if norm is None:
+        return obs
+    var = norm.m2 / norm.count
+    return jnp.clip((obs - norm.mean) / jnp.sqrt(var + _OBS_EPS), -OBS_CLIP, OBS_CLIP)
 
 
 @struct.dataclass
@@ -269,9 +357,12 @@ def gae(traj: Transition, last_value: Array, hp: PPOHParams) -> tuple[Array, Arr
 
 
 def ppo_loss(network: nn.Module, discrete: bool, params: Any, batch: Transition, adv: Array, targets: Array,
-             hp: PPOHParams) -> Array:
-    """The clipped PPO objective (normalised advantages, optionally clipped value loss, entropy bonus)."""
-    out, log_std, value = network.apply(params, batch.obs)
+             hp: PPOHParams, obs_norm: ObsNorm | None = None) -> Array:
+    """The clipped PPO objective (normalised advantages, optionally clipped value loss, entropy bonus).
+
+    ``batch.obs`` are raw observations; ``obs_norm`` (if any) normalises them for the networks.
+    """
+    out, log_std, value = network.apply(params, obs_norm_apply(obs_norm, batch.obs))
     logp, ent = _log_prob_entropy(out, log_std, batch.action, discrete)
     ratio = jnp.exp(logp - batch.logp)
     adv = (adv - adv.mean()) / (adv.std() + 1e-8)

@@ -19,7 +19,7 @@ def test_settings_and_plan():
     assert q.quick and q.seeds == 2 and q.total_comparisons < s.total_comparisons
     assert q.num_iterations < s.num_iterations and q.total_timesteps == s.total_timesteps
     assert demo.settings("pendulum", seeds=3).seeds == 3
-    with pytest.raises(ValueError, match="env must be 'cartpole' or 'pendulum'"):
+    with pytest.raises(ValueError, match="env must be 'cartpole', 'pendulum', 'gymnax:<id>' or 'brax:<name>'"):
         demo.settings("acrobot")
     with pytest.raises(ValueError, match="seeds must be >= 1"):
         demo.settings(seeds=0)
@@ -47,7 +47,7 @@ def test_cli_dispatches_to_the_demo(capsys):
         cli.demo(["preferences", "--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    assert "--resume" in out and "--env {cartpole,pendulum}" in out and "--seeds" in out
+    assert "--resume" in out and "--env ENV" in out and "gymnax:<id>" in out and "--seeds" in out
     for flag in ("--rounds", "--comparisons", "--timesteps", "--fragment-length", "--members", "--reward-lr",
                  "--ppo-lr", "--strict", "--tensorboard", "--resume-override", "--out"):
         assert flag in out, flag

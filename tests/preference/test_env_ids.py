@@ -236,9 +236,10 @@ def test_brax_ids_name_the_missing_extra():
     if importlib.util.find_spec("brax") is None:
         with pytest.raises(ImportError, match=r"'brax:halfcheetah' needs brax: pip install 'jaxweight\[brax\]'"):
             make_env("brax:halfcheetah")
-    else:  # installed: the family is reserved, not wrapped yet
-        with pytest.raises(NotImplementedError, match="brax environments are not wrapped yet"):
-            make_env("brax:halfcheetah")
+    else:  # installed: brax's names (the ids themselves are tested in test_brax.py, the brax CI step)
+        with pytest.raises(ValueError, match=r"unknown brax environment 'halfcheeta' in 'brax:halfcheeta'; "
+                                             r"did you mean 'halfcheetah'"):
+            make_env("brax:halfcheeta")
 
 
 @pytest.mark.parametrize(("make", "match"), [

@@ -1,0 +1,171 @@
+"""PPO on the TRUE reward of a brax task at a fixed horizon (seals-style, absorbing), the check of the loop's agent.
+
+Runs :class:`~jaxweight.preference.generators.AgentGenerator` with ``reward_apply=None`` (the environment's own
+reward) for ``--steps`` environment steps on ``--seeds`` seeds in one vmapped program, evaluating the stochastic
+and the greedy policy every ``--evals`` chunk, and a uniformly random policy once. Defaults follow brax's
+published PPO settings for inverted_pendulum (brax/training/agents/ppo; its training config: 2e6 steps,
+reward_scaling 10, normalize_observations, discounting 0.97, learning_rate 3e-4, entropy_cost 1e-2, 2048 envs,
+unroll 5 x 16 per env and 32 minibatches per update, 4 epochs).
+
+Run ``python bench/bench_preference_brax.py --env brax:inverted_pendulum --steps 2000000 --out FILE.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _episodic_class():
+    from flax import struct
+
+    from jaxweight.preference.brax_envs import BraxEnv
+
+    @struct.dataclass
+    class EpisodicState:
+        brax: object
+        time: jax.Array
+
+    class Episodic(BraxEnv):
+        """brax's episodes: done on brax's termination or at the horizon (gymnax then resets, as brax's
+        training wrapper does; brax bootstraps the value at the time limit, this treats it as an end)."""
+
+        def __init__(self, inner):
+            super().__init__(inner.brax_env, inner.brax_name)
+
+        def reset_env(self, key, params):
+            obs, st = super().reset_env(key, params)
+            return obs, EpisodicState(st, jnp.asarray(0, jnp.int32))
+
+        def step_env(self, key, state, action, params):
+            obs, st, r, term, info = super().step_env(key, state.brax, action, params)
+            t = state.time + 1
+            return obs, EpisodicState(st, t), r, term | (t >= params.max_steps_in_episode), info
+
+        def get_obs(self, state, params=None, key=None):
+            return super().get_obs(state.brax)
+
+        def is_terminal(self, state, params):
+            return super().is_terminal(state.brax, params) | (state.time >= params.max_steps_in_episode)
+
+    return Episodic
+
+
+def _Episodic(inner):
+    return _episodic_class()(inner)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--env", default="brax:inverted_pendulum")
+    ap.add_argument("--horizon", type=int, default=1000)
+    ap.add_argument("--steps", type=int, default=2_000_000)
+    ap.add_argument("--evals", type=int, default=5)
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--num-envs", type=int, default=2048)
+    ap.add_argument("--num-steps", type=int, default=80)
+    ap.add_argument("--minibatches", type=int, default=32)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--gamma", type=float, default=0.97)
+    ap.add_argument("--ent", type=float, default=1e-2)
+    ap.add_argument("--reward-scaling", type=float, default=10.0)
+    ap.add_argument("--no-obs-norm", action="store_true")
+    ap.add_argument("--init-log-std", type=float, default=0.0)
+    ap.add_argument("--absorbing-bootstrap", action="store_true")
+    ap.add_argument("--hidden", type=int, nargs="+", default=[64, 64])
+    ap.add_argument("--eval-episodes", type=int, default=16)
+    ap.add_argument("--episodic", action="store_true",
+                    help="brax's own episodes (reset on termination, as brax's PPO trains) instead of the "
+                         "loop's fixed horizon with an absorbing end: checks PPO itself against brax's numbers")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+
+    from jaxweight.preference.envs import make_env
+    from jaxweight.preference.generators import AgentGenerator
+    from jaxweight.preference.ppo import PPOConfig, PPOHParams
+
+    if a.episodic:
+        from jaxweight.preference.brax_envs import BraxParams, make_brax
+
+        family, _, name = a.env.partition(":")
+        assert family == "brax", "--episodic is for brax ids"
+        env, p = _Episodic(make_brax(name, {})), BraxParams(a.horizon)
+    else:
+        env, p = make_env(a.env, horizon=a.horizon)
+    cfg = PPOConfig(num_envs=a.num_envs, num_steps=a.num_steps, num_minibatches=a.minibatches,
+                    update_epochs=a.epochs, hidden_sizes=tuple(a.hidden), normalize_observations=not a.no_obs_norm,
+                    reward_scaling=a.reward_scaling, init_log_std=a.init_log_std,
+                    absorbing_bootstrap=a.absorbing_bootstrap)
+    hp = PPOHParams.create(learning_rate=a.lr, gamma=a.gamma, ent_coef=a.ent, anneal_steps=0.0)
+    gen = AgentGenerator(env, p, config=cfg, hparams=hp)
+    chunk = -(-a.steps // a.evals)
+
+    def train_chunk(state, key):
+        k1, k2, k3 = jax.random.split(key, 3)
+        state = gen.train(state, k1, chunk)
+        r = gen.evaluate(state, k2, a.eval_episodes)
+        g = gen.evaluate(state, k3, a.eval_episodes, deterministic=True)
+        return state, (jnp.mean(r), jnp.mean(g), gen.trained_steps(state))
+
+    init = jax.jit(jax.vmap(gen.init))
+    step = jax.jit(jax.vmap(train_chunk))
+    keys = jax.random.split(jax.random.key(0), a.seeds)
+    t0 = time.perf_counter()
+    state = init(keys)
+    step_c = step.lower(state, keys).compile()
+    t_compile = time.perf_counter() - t0
+    curve = []
+    t1 = time.perf_counter()
+    for i in range(a.evals):
+        state, (r, g, n) = step_c(state, jax.vmap(lambda k: jax.random.fold_in(k, i))(keys))
+        r, g, n = (np.asarray(x) for x in jax.device_get((r, g, n)))
+        curve.append({"steps": int(n[0]), "return": r.tolist(), "return_deterministic": g.tolist(),
+                      "elapsed_s": time.perf_counter() - t1})
+        print(json.dumps(curve[-1]), flush=True)
+    t_run = time.perf_counter() - t1
+
+    # a uniformly random policy (the normalised score's zero)
+    space = env.action_space(p)
+
+    def random_return(key):
+        k0, ks = jax.random.split(key)
+        obs, s = env.reset_env(k0, p)
+
+        def f(carry, k):  # rewards until the episode ends (the absorbing ones are 0 anyway)
+            s, alive = carry
+            ka, ke = jax.random.split(k)
+            act = jax.random.uniform(ka, space.shape, minval=space.low, maxval=space.high)
+            _, s, r, done, _ = env.step_env(ke, s, act, p)
+            return (s, alive & ~done), jnp.where(alive, r, 0.0)
+
+        return jnp.sum(jax.lax.scan(f, (s, jnp.asarray(True)), jax.random.split(ks, a.horizon))[1])
+
+    rnd = np.asarray(jax.jit(jax.vmap(random_return))(jax.random.split(jax.random.key(9), 32)))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = None
+    res = {"env": a.env, "horizon": a.horizon, "episodic": a.episodic, "settings": vars(a), "curve": curve,
+           "final_return": curve[-1]["return"], "final_return_deterministic": curve[-1]["return_deterministic"],
+           "random_return": float(rnd.mean()), "compile_s": t_compile, "run_s": t_run,
+           "steps_per_s": a.seeds * curve[-1]["steps"] / t_run, "command": " ".join(sys.argv), "commit": commit,
+           "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+                      f"affinity {len(os.sched_getaffinity(0))}", "device": str(jax.devices()[0])}
+    print(json.dumps({k: v for k, v in res.items() if k != "curve"}))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

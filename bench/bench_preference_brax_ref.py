@@ -1,0 +1,85 @@
+"""brax's own PPO (brax.training.agents.ppo) on a brax task with its published settings: the reference curve
+that bench_preference_brax.py's PPO is compared with, measured on the same machine.
+
+Run ``python bench/bench_preference_brax_ref.py --env inverted_pendulum --out FILE.json`` (needs the brax extra).
+brax's training config for inverted_pendulum: num_timesteps 2e6, num_evals 20, reward_scaling 10,
+episode_length 1000, normalize_observations, action_repeat 1, unroll_length 5, num_minibatches 32,
+num_updates_per_batch 4, discounting 0.97, learning_rate 3e-4, entropy_cost 1e-2, num_envs 2048,
+batch_size 1024.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import warnings
+
+CONFIGS = {
+    "inverted_pendulum": dict(num_timesteps=2_000_000, num_evals=20, reward_scaling=10, episode_length=1000,
+                              normalize_observations=True, action_repeat=1, unroll_length=5, num_minibatches=32,
+                              num_updates_per_batch=4, discounting=0.97, learning_rate=3e-4, entropy_cost=1e-2,
+                              num_envs=2048, batch_size=1024),
+    "inverted_double_pendulum": dict(num_timesteps=20_000_000, num_evals=20, reward_scaling=10,
+                                     episode_length=1000, normalize_observations=True, action_repeat=1,
+                                     unroll_length=5, num_minibatches=32, num_updates_per_batch=4, discounting=0.97,
+                                     learning_rate=3e-4, entropy_cost=1e-2, num_envs=2048, batch_size=1024),
+}
+
+
+def _removed(jax) -> bool:
+    try:
+        jax.device_put_replicated  # noqa: B018
+        return False
+    except AttributeError:
+        return True
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--env", default="inverted_pendulum", choices=sorted(CONFIGS))
+    ap.add_argument("--steps", type=int, default=None, help="num_timesteps (default: brax's)")
+    ap.add_argument("--evals", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    warnings.simplefilter("ignore")
+    import jax
+    import jax.numpy as jnp
+
+    if not hasattr(jax, "device_put_replicated") or _removed(jax):  # brax 0.14 on jax >= 0.8: a shim
+        def device_put_replicated(x, devices):
+            return jax.tree.map(lambda a: jax.device_put(jnp.stack([jnp.asarray(a)] * len(devices))), x)
+
+        jax.device_put_replicated = device_put_replicated
+    from brax import envs
+    from brax.training.agents.ppo import train as ppo
+
+    cfg = dict(CONFIGS[a.env])
+    if a.steps:
+        cfg["num_timesteps"] = a.steps
+    if a.evals:
+        cfg["num_evals"] = a.evals
+    env = envs.get_environment(a.env)
+    curve = []
+    t0 = time.perf_counter()
+
+    def progress(step, metrics):
+        curve.append({"steps": int(step), "return": float(metrics["eval/episode_reward"]),
+                      "elapsed_s": time.perf_counter() - t0})
+        print(json.dumps(curve[-1]), flush=True)
+
+    ppo.train(environment=env, progress_fn=progress, seed=a.seed, **cfg)
+    res = {"env": a.env, "config": cfg, "curve": curve, "wall_s": time.perf_counter() - t0,
+           "command": " ".join(sys.argv),
+           "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, affinity {len(os.sched_getaffinity(0))}"}
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

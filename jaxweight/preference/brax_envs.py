@@ -1,0 +1,170 @@
+"""brax environments behind the gymnax ``Environment`` interface (the ``"brax:<name>"`` ids of ``make_env``).
+
+``"brax:<name>"`` is any name of brax's registry (``brax.envs.get_environment``;
+brax 0.14: ``ant``, ``halfcheetah``, ``hopper``, ``humanoid``,
+``humanoidstandup``, ``inverted_double_pendulum``, ``inverted_pendulum``,
+``pusher``, ``reacher``, ``swimmer``, ``walker2d``), built with brax's own
+defaults (its default physics backend, ``"generalized"`` for these) and
+wrapped in :class:`~jaxweight.preference.fixed_horizon.FixedHorizon`, as the
+seals MuJoCo suite:
+
+- every episode lasts exactly ``horizon`` steps (default 1000, the
+  ``episode_length`` of brax's training and seals' MuJoCo horizon); when the
+  brax environment says ``done`` (Hopper falls, the pendulum tips over) the
+  episode sits in an absorbing state until the horizon: the terminal
+  observation repeats and the reward is 0;
+- observations are brax's, except that the environments whose constructor
+  takes ``exclude_current_positions_from_observation`` (halfcheetah, hopper,
+  walker2d, ant, humanoid, swimmer...) keep the current x (and y) position in
+  the observation (``False``, as seals does), so a reward model sees the
+  forward progress the true reward pays for. Pass
+  ``exclude_current_positions_from_observation=True`` to get brax's own;
+- actions are ``f32[action_size]`` in ``[-1, 1]`` (brax scales them to the
+  actuators' ranges); the reward is brax's ``State.reward``.
+
+Constructor arguments go through ``make_env("brax:hopper", backend="positional",
+reset_noise_scale=0.01)``.
+
+With brax installed (not run by the docstring tests, which run without the extra)::
+
+    import jax, jax.numpy as jnp
+    from jaxweight.preference.envs import make_env
+    env, params = make_env("brax:inverted_pendulum", horizon=50)
+    obs, s = env.reset_env(jax.random.key(0), params)            # obs f32[4]
+    obs, s, r, done, info = env.step_env(jax.random.key(1), s, jnp.zeros(1), params)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import warnings
+from typing import Any
+
+import jax.numpy as jnp
+from flax import struct
+from gymnax.environments import environment, spaces
+
+__all__ = ["BraxEnv", "BraxParams", "brax_names", "make_brax", "DEFAULT_HORIZON"]
+
+#: the horizon of a brax id without ``horizon=`` (brax's training ``episode_length``, seals' MuJoCo horizon)
+DEFAULT_HORIZON = 1000
+
+#: the constructor argument that drops the current position from the observation (seals keeps it)
+_POSITIONS = "exclude_current_positions_from_observation"
+
+
+@struct.dataclass
+class BraxParams:
+    """Env params of :class:`BraxEnv`: only the horizon (brax keeps its settings in the env object)."""
+
+    max_steps_in_episode: int = DEFAULT_HORIZON
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Hides the warnings of brax's own code, not of the caller's: the "not actively maintained"
+    UserWarning (every model load), jaxopt's DeprecationWarning (on import) and mujoco 4's (MJX)
+    "Accessing `x` directly from `Data` is deprecated" that brax 0.14 triggers while a step is traced."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Brax System, piplines and environments", category=UserWarning)
+        warnings.filterwarnings("ignore", message=r"JAXopt is no longer maintained", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message=r"Accessing `\w+` directly from `\w+` is deprecated",
+                                category=DeprecationWarning)
+        yield
+
+
+def _brax_envs() -> Any:
+    """``brax.envs`` (imported quietly)."""
+    with _quiet():
+        from brax import envs
+    return envs
+
+
+def brax_names() -> list[str]:
+    """The names of brax's environment registry (sorted)."""
+    return sorted(getattr(_brax_envs(), "_envs", {}))
+
+
+class BraxEnv(environment.Environment):
+    """A brax ``Env`` as a gymnax ``Environment`` (no auto-reset, no horizon: wrap it in ``FixedHorizon``).
+
+    ``reset_env(key, params) -> (obs f32[O], brax State)``;
+    ``step_env(key, state, action f32[A], params) -> (obs f32[O], State, reward f32[], terminated bool[], {})``
+    (brax steps are deterministic: the key is unused). ``action_space`` is
+    ``Box(-1, 1, (A,))``, ``observation_space`` an unbounded ``Box((O,))``.
+
+    Args:
+      env: a brax ``Env`` (``brax.envs.get_environment(name)``).
+      name: its registry name (for messages).
+    """
+
+    def __init__(self, env: Any, name: str):
+        super().__init__()
+        self.brax_env = env
+        self.brax_name = name
+        with _quiet():  # observation_size traces a reset
+            self.obs_size = int(env.observation_size)
+            self.action_size = int(env.action_size)
+
+    @property
+    def default_params(self) -> BraxParams:
+        return BraxParams()
+
+    def reset_env(self, key, params):
+        with _quiet():
+            state = self.brax_env.reset(key)
+        return jnp.asarray(state.obs, jnp.float32), state
+
+    def step_env(self, key, state, action, params):
+        del key
+        a = jnp.reshape(jnp.asarray(action, jnp.float32), (self.action_size,))
+        with _quiet():
+            state = self.brax_env.step(state, a)
+        terminated = jnp.reshape(state.done, ()) > 0.5
+        return jnp.asarray(state.obs, jnp.float32), state, jnp.reshape(jnp.asarray(state.reward, jnp.float32), ()), \
+            terminated, {}
+
+    def get_obs(self, state, params=None, key=None):
+        return jnp.asarray(state.obs, jnp.float32)
+
+    def is_terminal(self, state, params):
+        return jnp.reshape(state.done, ()) > 0.5
+
+    @property
+    def name(self) -> str:
+        return f"brax:{self.brax_name}"
+
+    @property
+    def num_actions(self) -> int:
+        return self.action_size
+
+    def action_space(self, params=None) -> spaces.Box:
+        return spaces.Box(-1.0, 1.0, (self.action_size,), jnp.float32)
+
+    def observation_space(self, params=None) -> spaces.Box:
+        big = float(jnp.finfo(jnp.float32).max)
+        return spaces.Box(-big, big, (self.obs_size,), jnp.float32)
+
+
+def make_brax(name: str, kwargs: dict) -> BraxEnv:
+    """The :class:`BraxEnv` of brax's ``name`` (seals-style observations; see the module docstring).
+
+    Raises:
+      ValueError: constructor arguments the brax environment does not take.
+    """
+    envs = _brax_envs()
+    cls = envs._envs[name]
+    kwargs = dict(kwargs)
+    try:
+        takes_positions = _POSITIONS in inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):  # no signature: leave brax's default
+        takes_positions = False
+    if takes_positions:
+        kwargs.setdefault(_POSITIONS, False)
+    try:
+        with _quiet():
+            env = envs.get_environment(name, **kwargs)
+    except TypeError as e:
+        raise ValueError(f"brax:{name} does not take the arguments {sorted(kwargs)}: {e}") from None
+    return BraxEnv(env, name)

@@ -1,0 +1,102 @@
+"""brax ids in the preference loop (needs the ``brax`` extra; CI runs this file in its own step, where nothing
+may skip): the fixed-horizon wrapping with an absorbing end, seals' observations, clear errors, the
+continuous-control PPO (observation normalisation, reward scaling) and one tiny loop on a short horizon."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxweight import preference as pf
+from jaxweight.preference import driver as dr
+from jaxweight.preference.brax_envs import BraxEnv, brax_names
+from jaxweight.preference.env_ids import known_ids
+from jaxweight.preference.envs import make_env, reward_net
+from jaxweight.preference.generators import AgentGenerator
+from jaxweight.preference.ppo import PPOConfig
+
+H = 16
+
+
+def test_names_and_errors():
+    assert {"inverted_pendulum", "inverted_double_pendulum", "reacher", "halfcheetah", "hopper"} <= set(brax_names())
+    assert "brax:inverted_pendulum" in known_ids()
+    with pytest.raises(ValueError, match=r"unknown brax environment 'invertedpendulum' in 'brax:invertedpendulum'; "
+                                         r"did you mean 'inverted_pendulum'"):
+        make_env("brax:invertedpendulum")
+    with pytest.raises(ValueError, match=r"brax:reacher does not take the arguments \['bogus'\]"):
+        make_env("brax:reacher", bogus=1)
+    with pytest.raises(ValueError, match=r"horizon must be an int >= 1, got 0"):
+        make_env("brax:inverted_pendulum", horizon=0)
+
+
+def test_positions_stay_in_the_observation_as_seals():
+    seals, _ = make_env("brax:halfcheetah", horizon=H)
+    assert seals.obs_shape == (18,)  # brax's own halfcheetah observation has 17 values: + the x position
+    assert seals.env_id == "brax:halfcheetah"
+    env, p = make_env("brax:inverted_pendulum")
+    assert env.horizon == 1000 and p.max_steps_in_episode == 1000  # brax's episode_length, seals' horizon
+    assert isinstance(env.inner, BraxEnv) and env.action_space(p).shape == (1,)
+    assert float(env.action_space(p).low) == -1.0 and float(env.action_space(p).high) == 1.0
+
+
+def test_inverted_pendulum_absorbs_after_it_tips_over():
+    """Full push: brax says done after a few steps; from then on the observation repeats, the reward is 0,
+    and the episode still lasts exactly the horizon."""
+    env, p = make_env("brax:inverted_pendulum", horizon=H)
+
+    @jax.jit
+    def roll(key):
+        obs0, s0 = env.reset_env(key, p)
+
+        def step(s, k):
+            o, s2, r, d, info = env.step_env(k, s, jnp.ones(1), p)
+            return s2, (o, r, d, info["absorbing"])
+
+        return jax.lax.scan(step, s0, jax.random.split(key, H))[1]
+
+    obs, rew, done, absorbing = jax.device_get(roll(jax.random.key(0)))
+    assert done.tolist() == [False] * (H - 1) + [True]
+    first = int(np.argmax(absorbing))           # the first step taken in the absorbing state
+    assert 1 <= first < H - 2, absorbing
+    assert np.all(rew[:first] == 1.0) and np.all(rew[first:] == 0.0)  # brax pays 1 a step while upright
+    assert np.all(obs[first:] == obs[first - 1])                         # the terminal observation repeats
+    assert abs(obs[first - 1][1]) > 0.2                                  # brax's done: the pole past 0.2 rad
+
+
+def test_demo_settings_for_brax_ids():
+    from jaxweight.demos import preferences as demo
+
+    r = demo.settings("brax:reacher")
+    assert r.use_action and r.use_next_state and r.normalize_observations and r.reward_scaling == 5.0
+    assert r.absorbing_bootstrap
+    assert (r.gamma, r.ent_coef, r.ppo_envs * r.ppo_steps // r.ppo_minibatches) == (0.95, 1e-3, 5120)
+    ip = demo.settings("brax:inverted_pendulum", quick=True)
+    assert ip.reward_scaling == 10.0 and ip.fragment_length <= 1000 and not ip.use_action
+    assert demo.file_tag("brax:inverted_pendulum") == "brax-inverted_pendulum"
+
+
+def test_preference_loop_on_a_short_brax_horizon():
+    """The loop end to end on brax:inverted_pendulum at horizon 16, with the PPO of MuJoCo-class tasks
+    (observation statistics in the agent state, reward scaling, the absorbing bootstrap on the learned reward):
+    full-horizon samples with the true reward,
+    a filled buffer, and the agent's observation statistics counting every trained step."""
+    env, p = make_env("brax:inverted_pendulum", horizon=H)
+    cfg = PPOConfig(num_envs=8, num_steps=8, num_minibatches=2, update_epochs=1, hidden_sizes=(16,),
+                    normalize_observations=True, reward_scaling=10.0, absorbing_bootstrap=True)
+    net = reward_net(env, p, hidden_sizes=(8,), use_next_state=True)
+    gen = AgentGenerator(env, p, config=cfg)
+    pc = dr.PreferenceComparisons(
+        gen, net, num_iterations=1, fragment_length=4,
+        reward_trainer=pf.RewardTrainer(net, num_members=2, epochs=2, progress=False),
+        initial_comparison_frac=0.5, sample=False, eval_episodes=0, progress=False,
+    )
+    pc.train(0, 128, 40)
+    last = pc.history[-1]
+    assert last["stored_valid"] == last["buffer_size"] == 40
+    assert all(r["horizon_min"] == r["horizon_max"] == H and not r["variable_horizon"] for r in pc.history)
+    assert all(0 < r["sample_return"] <= H for r in pc.history)   # 1 a step while upright, then 0
+    norm = pc.state.gen.ppo.obs_norm
+    trained = int(pc.state.gen.ppo.steps)
+    assert trained >= 128 and float(norm.count) == pytest.approx(trained + 1e-4)
+    assert np.all(np.isfinite(np.asarray(norm.mean))) and gen.fingerprint()["ppo/reward_scaling"] == 10.0

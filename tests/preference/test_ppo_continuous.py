@@ -1,0 +1,94 @@
+"""The loop's PPO for continuous control: observation statistics kept in the agent state, reward scaling;
+off by default (the built-in environments' programs and fingerprints are what they were)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxweight.preference.envs import make_env
+from jaxweight.preference.generators import AgentGenerator
+from jaxweight.preference.ppo import OBS_CLIP, PPOConfig, obs_norm_apply, obs_norm_init, obs_norm_update
+
+TINY = dict(num_envs=4, num_steps=8, num_minibatches=2, update_epochs=1, hidden_sizes=(8,))
+
+
+def test_running_statistics_match_numpy():
+    rng = np.random.default_rng(0)
+    chunks = [rng.normal(3.0, 2.0, size=(n, 5, 3)).astype(np.float32) for n in (4, 7, 1)]
+    norm = obs_norm_init((3,))
+    for c in chunks:
+        norm = obs_norm_update(norm, c)
+    x = np.concatenate([c.reshape(-1, 3) for c in chunks])
+    np.testing.assert_allclose(float(norm.count), x.shape[0] + 1e-4, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(norm.mean), x.mean(0), rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(norm.m2 / norm.count), x.var(0), rtol=1e-3)
+    z = np.asarray(obs_norm_apply(norm, x))
+    np.testing.assert_allclose(z.mean(0), 0.0, atol=1e-3)
+    np.testing.assert_allclose(z.std(0), 1.0, rtol=1e-3)
+    assert float(jnp.max(obs_norm_apply(norm, jnp.full((3,), 1e6)))) == OBS_CLIP
+    assert obs_norm_apply(None, x) is x
+
+
+def test_off_by_default_and_recorded_only_when_on():
+    env, p = make_env("pendulum")
+    plain = AgentGenerator(env, p, config=PPOConfig(**TINY))
+    assert plain.init(jax.random.key(0)).ppo.obs_norm is None
+    fp = plain.fingerprint()
+    assert "ppo/normalize_observations" not in fp and "ppo/reward_scaling" not in fp
+    on = AgentGenerator(env, p, config=PPOConfig(**TINY, normalize_observations=True, reward_scaling=5.0))
+    assert on.fingerprint()["ppo/normalize_observations"] is True and on.fingerprint()["ppo/reward_scaling"] == 5.0
+    assert "ppo/init_log_std" not in fp
+    std = AgentGenerator(env, p, config=PPOConfig(**TINY, init_log_std=-0.5))
+    assert std.fingerprint()["ppo/init_log_std"] == -0.5
+    np.testing.assert_array_equal(np.asarray(std.init(jax.random.key(0)).ppo.params["params"]["log_std"]), [-0.5])
+    with pytest.raises(ValueError, match="config.reward_scaling"):
+        AgentGenerator(env, p, config=PPOConfig(**TINY, reward_scaling=0.0))
+
+
+def test_statistics_follow_training_and_rewards_scale():
+    env, p = make_env("pendulum")
+    cfg = PPOConfig(**TINY, normalize_observations=True, reward_scaling=10.0)
+    gen = AgentGenerator(env, p, config=cfg)
+    states = jax.jit(jax.vmap(gen.init))(jax.random.split(jax.random.key(0), 2))   # vmapped over seeds
+    assert states.ppo.obs_norm.mean.shape == (2, 3)
+    trained = jax.jit(jax.vmap(lambda s, k: gen.train(s, k, 2 * cfg.batch_size)))(
+        states, jax.random.split(jax.random.key(1), 2))
+    np.testing.assert_allclose(np.asarray(trained.ppo.obs_norm.count), 2 * cfg.batch_size + 1e-4, rtol=1e-6)
+    assert np.all(np.asarray(trained.ppo.obs_norm.m2) > 0)
+    # the rollout's rewards are the environment's times reward_scaling (same key, same actions)
+    one = jax.tree.map(lambda x: x[0], states)
+    unscaled = gen.replace(config=PPOConfig(**TINY, normalize_observations=True))
+    _, _, t10, true10 = jax.jit(gen.rollout)(one.ppo, jax.random.key(2))
+    _, _, t1, true1 = jax.jit(unscaled.rollout)(one.ppo, jax.random.key(2))
+    np.testing.assert_array_equal(np.asarray(t1.reward), np.asarray(true1))
+    np.testing.assert_array_equal(np.asarray(t10.reward), np.float32(10.0) * np.asarray(t1.reward))
+    # sampling and evaluation act through the same statistics
+    ret = jax.jit(lambda s, k: gen.evaluate(s, k, 2))(jax.tree.map(lambda x: x[0], trained), jax.random.key(3))
+    assert ret.shape == (2,) and bool(jnp.all(jnp.isfinite(ret)))
+
+
+def test_absorbing_bootstrap_ends_and_resets_with_the_value_of_absorbing():
+    """Training rollouts on a FixedHorizon env: an env that terminates ends its PPO episode there, with the
+    discounted value of absorbing forever (gamma r_abs / (1 - gamma), r_abs the learned reward of an absorbing
+    step) added, and starts afresh; steps before that keep their reward."""
+    from jaxweight.preference.ppo import PPOHParams
+
+    env, p = make_env("gymnax:CartPole-v1", horizon=50)
+    gamma = 0.9
+    cfg = PPOConfig(num_envs=8, num_steps=64, num_minibatches=2, update_epochs=1, hidden_sizes=(8,),
+                    absorbing_bootstrap=True)
+    gen = AgentGenerator(env, p, lambda c, o, a, o2, d: c, config=cfg, hparams=PPOHParams.create(gamma=gamma))
+    state = gen.init(jax.random.key(0))
+    _, _, traj, true_r = jax.jit(gen.rollout)(state.ppo, jax.random.key(1), jnp.float32(2.0))
+    done, r = np.asarray(traj.done), np.asarray(traj.reward)
+    assert done.sum() >= 8  # an untrained agent drops the pole within ~20 steps, long before step 50
+    np.testing.assert_allclose(r[done], 2.0 + gamma * 2.0 / (1 - gamma), rtol=1e-6)
+    np.testing.assert_array_equal(r[~done], 2.0)
+    # the step after an end is a fresh reset (gymnax draws every entry in +-0.05), never an absorbing repeat
+    t, e = np.nonzero(done[:-1])
+    assert np.all(np.abs(np.asarray(traj.obs)[t + 1, e]) <= 0.05)
+    # the true reward of the step is recorded as the environment gave it (1 a step, 0 while absorbing: never here)
+    assert np.all(np.asarray(true_r) == 1.0)
+    with pytest.raises(ValueError, match="absorbing_bootstrap needs a FixedHorizon environment"):
+        AgentGenerator(*make_env("cartpole"), config=cfg)
