@@ -6,7 +6,8 @@ a final LayerNorm and an untied output projection. Attention ignores the
 left padding of the prompts (``PAD`` keys are masked).
 
 * ``model.apply(params, tokens)`` -> logits ``f32[N, T, V]`` (teacher forcing);
-* :func:`sequence_logp` -> log-probs of given completion tokens;
+* :func:`sequence_logp` -> log-probs of given completion tokens (:func:`sequence_logp_entropy`:
+  and the policy's entropy at each position);
 * :func:`sample` -> completions drawn with an explicit key and a temperature,
   one prefill of the prompt into a KV cache and then one cached decoding step
   per token in ``lax.scan``; returns the tokens, their log-probs under the
@@ -23,7 +24,7 @@ import jax.numpy as jnp
 
 from ._lm_task import EOS, PAD, VOCAB_SIZE
 
-__all__ = ["TinyLM", "Samples", "sample", "sequence_logp", "completion_mask"]
+__all__ = ["TinyLM", "Samples", "sample", "sequence_logp", "sequence_logp_entropy", "completion_mask"]
 
 _NEG = -1e9
 
@@ -221,6 +222,15 @@ def sample(model: TinyLM, params, prompts: jax.Array, key: jax.Array, length: in
     return Samples(tokens=toks, logp=lps, entropy=ents, mask=ms)
 
 
+def _teacher_forced(model: TinyLM, params, prompts: jax.Array, completions: jax.Array,
+                    temperature: jax.Array | float) -> tuple[jax.Array, jax.Array]:
+    """``(log_softmax(logits / temperature) f32[N, L, V], logits f32[N, L, V])`` at the completion positions."""
+    lp = prompts.shape[1]
+    seq = jnp.concatenate([prompts, completions], axis=1)
+    logits = model.apply(params, seq[:, :-1])[:, lp - 1:].astype(jnp.float32)
+    return jax.nn.log_softmax(logits / jnp.asarray(temperature, jnp.float32), axis=-1), logits
+
+
 def sequence_logp(model: TinyLM, params, prompts: jax.Array, completions: jax.Array,
                   temperature: jax.Array | float = 1.0) -> jax.Array:
     """f32[N, L] log-prob of each completion token given the prompt (teacher forcing).
@@ -228,8 +238,15 @@ def sequence_logp(model: TinyLM, params, prompts: jax.Array, completions: jax.Ar
     ``temperature``: the log-probs of ``softmax(logits / temperature)``, the distribution
     :func:`sample` draws from at that temperature.
     """
-    lp = prompts.shape[1]
-    seq = jnp.concatenate([prompts, completions], axis=1)
-    logits = model.apply(params, seq[:, :-1])[:, lp - 1:].astype(jnp.float32)
-    logp = jax.nn.log_softmax(logits / jnp.asarray(temperature, jnp.float32), axis=-1)
+    logp, _ = _teacher_forced(model, params, prompts, completions, temperature)
     return jnp.take_along_axis(logp, completions[..., None], axis=-1)[..., 0]
+
+
+def sequence_logp_entropy(model: TinyLM, params, prompts: jax.Array, completions: jax.Array,
+                          temperature: jax.Array | float = 1.0) -> tuple[jax.Array, jax.Array]:
+    """``(logp f32[N, L], entropy f32[N, L])``: :func:`sequence_logp` and the policy's entropy
+    (temperature 1) at each completion position, differentiable (a token-entropy bonus)."""
+    logp, logits = _teacher_forced(model, params, prompts, completions, temperature)
+    lsm = jax.nn.log_softmax(logits, axis=-1)
+    ent = -jnp.sum(jnp.exp(lsm) * lsm, axis=-1)
+    return jnp.take_along_axis(logp, completions[..., None], axis=-1)[..., 0], ent

@@ -30,7 +30,7 @@ from ._lm_task import (COMPLETION_LEN, EOS, N_BUCKETS, N_LEVELS, PROMPT_LEN, Poo
                        make_split_set, stratified)
 
 __all__ = ["LMConfig", "QUICK", "ARMS", "ARM_FLAGS", "Parts", "Task", "make_task", "warm_start", "Pipeline",
-           "make_pipeline", "device_rewards", "device_cluster_ids", "EVAL_SETS", "HARD_LEVELS"]
+           "make_pipeline", "sft_program", "device_rewards", "device_cluster_ids", "EVAL_SETS", "HARD_LEVELS"]
 
 # what each arm turns on: (curriculum over buckets, MaxEnt weights, dynamic sampling, SEED-GRPO,
 # KL controller steering the loss's KL coefficient)
@@ -267,14 +267,17 @@ def warm_start(cfg: LMConfig, task: Task, keys: jax.Array):
     Returns:
       ``(params, losses)``: params with a leading [S] axis, losses f32[S, sft_steps].
     """
-    return _warm_start_fn(cfg)(keys, jnp.asarray(task.sft.prompts), jnp.asarray(task.sft.targets))
+    fn = sft_program(_model(cfg), cfg.sft_steps, cfg.sft_batch, cfg.sft_lr)
+    return fn(keys, jnp.asarray(task.sft.prompts), jnp.asarray(task.sft.targets))
 
 
 @functools.lru_cache(maxsize=8)
-def _warm_start_fn(cfg: LMConfig):
-    model = _model(cfg)
-    opt = optax.adam(cfg.sft_lr)
-    example = jnp.zeros((1, PROMPT_LEN + COMPLETION_LEN), jnp.int32)
+def sft_program(model: TinyLM, steps: int, batch: int, lr: float):
+    """Jitted ``(keys [S], prompts i32[N, Lp], targets i32[N, L]) -> (params [S, ...], losses f32[S, steps])``:
+    one model per key, initialised from it, then ``steps`` Adam steps on random batches of
+    ``batch`` labelled completions (teacher forcing up to and including EOS)."""
+    opt = optax.adam(lr)
+    example = jnp.zeros((1, model.max_len), jnp.int32)
 
     def one(key, prompts, targets):
         k_init, k_data = jax.random.split(key)
@@ -282,13 +285,12 @@ def _warm_start_fn(cfg: LMConfig):
 
         def step(carry, k):
             p, o = carry
-            idx = jax.random.randint(k, (cfg.sft_batch,), 0, prompts.shape[0])
+            idx = jax.random.randint(k, (batch,), 0, prompts.shape[0])
             loss, g = jax.value_and_grad(lambda p: _nll(model, p, prompts[idx], targets[idx]))(p)
             u, o = opt.update(g, o, p)
             return (optax.apply_updates(p, u), o), loss
 
-        (params, _), losses = jax.lax.scan(step, (params, opt.init(params)),
-                                           jax.random.split(k_data, cfg.sft_steps))
+        (params, _), losses = jax.lax.scan(step, (params, opt.init(params)), jax.random.split(k_data, steps))
         return params, losses
 
     return jax.jit(jax.vmap(one, in_axes=(0, None, None)))

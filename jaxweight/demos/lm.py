@@ -2,6 +2,9 @@
 
 ``python -m jaxweight demo lm [--quick] [--compare] [--out DIR] [--steps N] [--seeds S] [--arms a,b] ...``
 
+``--task countdown`` runs the other task instead, ModeBench Countdown with Dr.GRPO against
+xDr.GRPO and the paper's evaluation (:mod:`._countdown_demo`); this page is the arithmetic task.
+
 A 2-layer causal transformer (flax, character vocabulary) answers ``a+b`` / ``a-b`` with 1 to 4
 digit operands. Every distinct problem is in one split (train / validation / held-out, by a hash):
 the RL pool and the warm start use train problems only. After a supervised warm start (the frozen
@@ -428,8 +431,21 @@ def plot(plt, res: dict):
     return fig
 
 
+TASKS = ("arithmetic", "countdown")
+
+
 def main(argv: list[str] | None = None) -> int:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--task", choices=TASKS, default="arithmetic")
+    known, rest = pre.parse_known_args(argv)
+    if known.task == "countdown":
+        from ._countdown_demo import main as countdown_main
+
+        return countdown_main(rest)
     p = argparse.ArgumentParser(prog="python -m jaxweight demo lm", description=__doc__.split("\n\n")[0])
+    p.add_argument("--task", choices=TASKS, default="arithmetic",
+                   help="arithmetic (default, this page's options) or countdown (ModeBench Countdown: "
+                        "Dr.GRPO vs xDr.GRPO; `--task countdown --help` lists its options)")
     _common.add_common_args(p, "lm", quick_help="tiny model and task, a few steps (a smoke run, < 1 min)")
     g = p.add_argument_group("lm demo options")
     g.add_argument("--compare", action="store_true",

@@ -1,0 +1,299 @@
+"""``python -m jaxweight demo lm --task countdown``: does candidate-level exploration (xDr.GRPO) find more answers?
+
+ModeBench Countdown (:mod:`._countdown`): 384 train and 128 eval problems, each with 2 to 8
+distinct canonical solutions ("modes"). The demo's ``TinyLM`` gets a supervised warm start on
+the 1,580 single-mode problems (disjoint from both splits: it learns the format and some
+arithmetic, not these problems' modes), then every arm x training seed trains in ONE vmapped,
+jitted program (:mod:`._countdown_pipeline`) with the same rollout budget, on the train split
+only. Evaluation is the paper's: the final checkpoint, per eval prompt K = 8 samples at
+temperature 1 plus one greedy completion, for each of the evaluation seeds: greedy pass@1,
+pass@8, mean@8, distinct@8 (distinct correct modes) and coverage@8 (distinct@8 / the prompt's
+modes); each arm's effect against Dr.GRPO is the regression of :mod:`._countdown_stats`
+(seed fixed effects, prompt-clustered standard errors; statsmodels, the ``stats`` extra).
+
+Default: Dr.GRPO vs xDr.GRPO tau = 0.05, 3 training x 3 evaluation seeds. ``--sweep``: every
+arm of :data:`ARMS` (xDr.GRPO at every tau of :data:`SWEEP_TAUS`, SEED-Dr.GRPO, a token-entropy
+bonus). Outputs under ``--out`` (default ``jaxweight-out/lm-countdown/``): ``results.json``,
+``metrics.jsonl`` (every run's training diagnostics per step, the evaluation at the end) and
+``countdown.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from . import _common
+from . import _countdown as C
+from . import _countdown_stats as ST
+from ._countdown_pipeline import (ARM_SETTINGS, ARMS, DEFAULT_ARMS, METRICS, QUICK, SWEEP_TAUS, CountdownConfig,
+                                  make_pipeline, make_task, warm_start)
+
+__all__ = ["run", "main", "plot", "summary_table", "GOALS"]
+
+# the paper's signature at this scale: xDr.GRPO tau = 0.05 against Dr.GRPO (shares, not points)
+GOALS = {"coverage_at_8": 0.03, "pass_at_8": 0.05, "mean_at_8_band": 0.03}
+BUDGET_SECONDS = 900
+
+
+def _stats_available() -> bool:
+    return not _common.missing_modules("statsmodels")
+
+
+def _means(out: dict) -> dict:
+    return {k: float(np.mean(out[k])) for k in METRICS}
+
+
+def run(cfg: CountdownConfig | None = None, *, quick: bool = False, seed: int = 0, out: str | Path | None = None,
+        writer: Any = None, progress: Any = None) -> dict:
+    """Warm start, train every arm x training seed, evaluate; returns the results dict (``results.json``).
+
+    Args:
+      cfg: settings (default :class:`CountdownConfig`, or :data:`QUICK` with ``quick=True``).
+      seed: the warm-start, training and evaluation keys derive from it (the task split from
+        ``cfg.split_seed``).
+      out: if given, ``results.json`` is written there.
+      writer: a metrics writer (``write(step, flat_dict)``).
+      progress: callable ``progress(str)`` for one line per chunk.
+    """
+    cfg = cfg or (QUICK if quick else CountdownConfig())
+    t_wall = time.perf_counter()
+    timer = _common.Timer()
+    task = make_task(cfg)
+    pipe = make_pipeline(cfg, task)
+    k_sft, k_rl, k_eval = jax.random.split(jax.random.key(seed), 3)
+    names = [f"{a}/s{s}" for a in cfg.arms for s in range(cfg.train_seeds)]
+    with timer.section("warm_start"):
+        ref, sft_losses = warm_start(cfg, task, jax.random.split(k_sft, cfg.train_seeds))
+        jax.block_until_ready(ref)
+    with timer.section("eval"):
+        # the warm-start model of each training seed (tiled to the runs: one compiled evaluation)
+        base = {sp: {k: v[:cfg.train_seeds] for k, v in pipe.evaluate(pipe.per_run(ref), k_eval, sp).items()}
+                for sp in ("train", "eval")}
+    if progress:
+        progress(f"warm start ({timer['warm_start']:.0f} s): base policy on the train split " + ", ".join(
+            f"{k} {v:.3f}" for k, v in _means(base["train"]).items()))
+    state = pipe.init(ref, k_rl)
+    history: list = []
+    step = 0
+    while step < cfg.steps:
+        n = min(cfg.chunk, cfg.steps - step)
+        if n not in pipe.fns.compiled:
+            with timer.section("compile"):
+                pipe.fns.compiled[n] = pipe.fns.chunk_jit.lower(state, pipe.arms, pipe.train, n).compile()
+        with timer.section("train"):
+            state, m = pipe.chunk(state, n)
+            m = jax.device_get(m)
+        if writer is not None:
+            for i in range(n):
+                writer.write(step + i + 1, {f"{nm}/{k}": float(v[i, r]) for k, v in m.items()
+                                            for r, nm in enumerate(names)})
+        for j in range(0, n, max(1, cfg.chunk // 5)):
+            sl = slice(j, j + max(1, cfg.chunk // 5))
+            history.append({"step": step + min(j + max(1, cfg.chunk // 5), n),
+                            **{k: np.asarray(v)[sl].mean(0).tolist() for k, v in m.items()}})
+        step += n
+        if progress:
+            progress(f"step {step}/{cfg.steps}: " + ", ".join(
+                f"{a} reward {np.mean(m['reward'][:, i * cfg.train_seeds:(i + 1) * cfg.train_seeds]):.3f}"
+                for i, a in enumerate(cfg.arms)))
+    with timer.section("eval"):
+        final = pipe.evaluate(state.params, k_eval, "eval")
+    if writer is not None:
+        writer.write(cfg.steps, {f"{nm}/eval/{k}": float(np.mean(final[k][r])) for k in METRICS
+                                 for r, nm in enumerate(names)})
+    res = _results(cfg, task, base, final, history, timer, np.asarray(sft_losses[:, -1]))
+    res["wall_seconds"] = time.perf_counter() - t_wall
+    if out is not None:
+        _common.write_results(out, res)
+    res["_state"] = state
+    return res
+
+
+def _results(cfg, task, base, final, history, timer, sft_loss) -> dict:
+    a_n, s_n = len(cfg.arms), cfg.train_seeds
+    per_arm = {k: np.asarray(final[k], np.float64).reshape(a_n, s_n, cfg.eval_seeds, -1) for k in METRICS}
+    stats = _stats_available()
+    arms = {}
+    for i, a in enumerate(cfg.arms):
+        xdr, tau, seed_on, ent_on = ARM_SETTINGS[a]
+        r = {k: ST.summarise(per_arm[k][i]) for k in METRICS}
+        arm = {k: v["mean"] for k, v in r.items()}
+        arm["per_seed"] = {k: v["per_seed"] for k, v in r.items()}
+        arm["per_seed_pair"] = {k: v["per_seed_pair"] for k, v in r.items()}
+        arm["settings"] = {"xdr": xdr, "tau": tau if xdr else None, "seed_grpo": seed_on,
+                           "entropy_coef": cfg.entropy_coef if ent_on else 0.0}
+        arm["effect_vs_drgrpo"] = None
+        if a != "drgrpo" and "drgrpo" in cfg.arms and stats:
+            b = cfg.arms.index("drgrpo")
+            arm["effect_vs_drgrpo"] = {k: ST.effect(per_arm[k][i], per_arm[k][b]) for k in METRICS}
+        sl = slice(i * s_n, (i + 1) * s_n)
+        trace = {k: [float(np.mean(h[k][sl])) for h in history] for k in (history[0] if history else {})
+                 if k != "step"}
+        trace["steps"] = [h["step"] for h in history]
+        arm["trace"] = trace
+        arms[a] = arm
+    base_summary = {sp: {k: float(np.mean(v[k])) for k in METRICS} | {
+        "per_seed": {k: np.asarray(v[k]).mean((1, 2)).tolist() for k in METRICS}} for sp, v in base.items()}
+    return {
+        "task": "countdown", "config": {**dataclasses.asdict(cfg), "arms": list(cfg.arms)},
+        "split": {"train": C.summary(task.train), "eval": C.summary(task.eval), "warm_start": C.summary(task.sft),
+                  "how": "train and eval are disjoint draws (by numbers and target) from the problems with 2-8 "
+                         "modes; the warm start uses the single-mode problems, disjoint from both"},
+        "warm_start": {"base_policy": base_summary, "sft_loss_final": sft_loss.tolist(),
+                       "note": "the warm-start model of each training seed, evaluated like the final checkpoints "
+                               "(mean_at_8 is its success rate, coverage_at_8 the share of modes it finds)"},
+        "arms": arms,
+        "effects": ("regression per metric: Y = a + gamma 1{arm} + training-seed FE + evaluation-seed FE, "
+                    "OLS, standard errors clustered by eval prompt (statsmodels); estimates are shares "
+                    "(x 100 = points)") if stats else "statsmodels missing: pip install 'jaxweight[stats]'",
+        "rollouts_per_run": cfg.steps * cfg.prompts * cfg.generations,
+        "runs": cfg.runs, "steps": cfg.steps,
+        "warm_start_seconds": timer["warm_start"], "compile_seconds": timer["compile"],
+        "train_seconds": timer["train"], "eval_seconds": timer["eval"],
+        "seconds_per_step": timer["train"] / max(cfg.steps, 1),
+        "device": str(jax.devices()[0].platform), "jax": jax.__version__,
+    }
+
+
+# ===================================================================== report
+def _fmt_effect(e: dict | None, k: str) -> str:
+    if not e:
+        return ""
+    x = e[k]
+    return f"{100 * x['estimate']:+.1f} [{100 * x['ci95'][0]:+.1f}, {100 * x['ci95'][1]:+.1f}]"
+
+
+def summary_table(res: dict) -> str:
+    """Per arm: the five metrics (means over seeds) and the effects vs Dr.GRPO in points [CI95]."""
+    head = ["arm", "pass@1", "pass@8", "mean@8", "distinct@8", "coverage@8", "d pass@8 (pts)", "d coverage@8",
+            "d mean@8"]
+    rows = [head]
+    for a, r in res["arms"].items():
+        e = r["effect_vs_drgrpo"]
+        rows.append([a] + [f"{r[k]:.3f}" for k in METRICS] + [_fmt_effect(e, k) for k in
+                                                               ("pass_at_8", "coverage_at_8", "mean_at_8")])
+    w = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    fmt = lambda r: "  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r))  # noqa: E731
+    return "\n".join([fmt(rows[0]), fmt(["-" * x for x in w])] + [fmt(r) for r in rows[1:]])
+
+
+def goals(res: dict) -> list:
+    """The signature goals (xDr.GRPO tau = 0.05 vs Dr.GRPO), where both arms ran and the effects exist."""
+    e = (res["arms"].get("xdr_tau0.05") or {}).get("effect_vs_drgrpo")
+    if not e:
+        return []
+    cov, p8, m8 = e["coverage_at_8"], e["pass_at_8"], e["mean_at_8"]
+    return [(f"coverage@8 effect >= +{100 * GOALS['coverage_at_8']:.0f} points with CI95 above 0 "
+             f"(measured {_fmt_effect(e, 'coverage_at_8')})",
+             cov["estimate"] >= GOALS["coverage_at_8"] and cov["ci95"][0] > 0),
+            (f"pass@8 effect >= +{100 * GOALS['pass_at_8']:.0f} points with CI95 above 0 "
+             f"(measured {_fmt_effect(e, 'pass_at_8')})",
+             p8["estimate"] >= GOALS["pass_at_8"] and p8["ci95"][0] > 0),
+            (f"mean@8 within +-{100 * GOALS['mean_at_8_band']:.0f} points (measured {_fmt_effect(e, 'mean_at_8')})",
+             abs(m8["estimate"]) <= GOALS["mean_at_8_band"])]
+
+
+def plot(plt, res: dict):
+    """Coverage@8, pass@8 and mean@8 against tau (intervals: Dr.GRPO's mean + the effect's CI95), and the
+    training diagnostics against steps."""
+    fig, ax = plt.subplots(2, 3, figsize=(17, 8.5))
+    arms = res["arms"]
+    labels = [f"{t:g}" for t in SWEEP_TAUS] + ["inf\n(Dr.GRPO)", "SEED", "token\nentropy"]
+    pos = {**{f"xdr_tau{t:g}": i for i, t in enumerate(SWEEP_TAUS)}, "drgrpo": len(SWEEP_TAUS),
+           "seed_drgrpo": len(SWEEP_TAUS) + 1, "entropy_bonus": len(SWEEP_TAUS) + 2}
+    base = arms.get("drgrpo")
+    for j, k in enumerate(("coverage_at_8", "pass_at_8", "mean_at_8")):
+        a_ = ax[0, j]
+        if base is not None:
+            a_.axhline(base[k], color="k", ls=":", lw=1, label="Dr.GRPO")
+        for name, r in arms.items():
+            e = r["effect_vs_drgrpo"]
+            col = "tab:blue" if ARM_SETTINGS[name][0] else "tab:gray"
+            if e and base is not None:
+                lo, hi = base[k] + e[k]["ci95"][0], base[k] + e[k]["ci95"][1]
+                a_.errorbar(pos[name], r[k], yerr=[[r[k] - lo], [hi - r[k]]], fmt="o", color=col, capsize=4)
+            else:
+                a_.plot(pos[name], r[k], "o", color=col)
+            a_.plot([pos[name]] * len(r["per_seed"][k]), r["per_seed"][k], ".", color=col, alpha=0.4)
+        a_.set_xticks(range(len(labels)), labels, fontsize=8)
+        a_.set(title=f"eval {k.replace('_at_', '@')}", xlabel="xDr.GRPO tau")
+        a_.legend(fontsize=7)
+    for name, r in arms.items():
+        t = r["trace"]
+        for a_, k in zip(ax[1], ("effective_candidates", "incorrect_mass", "token_entropy")):
+            a_.plot(t["steps"], t[k], label=name)
+        ax[1, 2].plot(t["steps"], t["distinct_at_G"], "--", alpha=0.7, label=f"{name} distinct@G")
+    for a_, tt in zip(ax[1], ("effective candidates exp H(w) (informative groups)", "incorrect-mass share of w",
+                              "token entropy (solid); distinct correct modes per group of G (dashed)")):
+        a_.set(title=tt, xlabel="step")
+        a_.legend(fontsize=6)
+    fig.suptitle("final checkpoints; bars: Dr.GRPO's mean + the arm's effect CI95 (seed FE, prompt-clustered); "
+                 "small dots: training seeds", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m jaxweight demo lm --task countdown",
+                                description=__doc__.split("\n\n")[0])
+    _common.add_common_args(p, "lm-countdown", quick_help="tiny model and task, a few steps (a smoke run)")
+    g = p.add_argument_group("countdown options")
+    g.add_argument("--sweep", action="store_true",
+                   help=f"every arm ({', '.join(ARMS)}) instead of {' vs '.join(DEFAULT_ARMS)}")
+    g.add_argument("--arms", type=_common.comma_list(ARMS), default=None, help="comma-separated arms")
+    g.add_argument("--steps", type=_common.positive_int, default=None, help="RL steps (default 200)")
+    g.add_argument("--train-seeds", type=_common.positive_int, default=None, help="training seeds (default 3)")
+    g.add_argument("--eval-seeds", type=_common.positive_int, default=None, help="evaluation seeds (default 3)")
+    g.add_argument("--prompts", type=_common.positive_int, default=None, help="prompts per update B (default 32)")
+    g.add_argument("--generations", type=_common.int_range(2, None), default=None,
+                   help="completions per prompt G (default 8)")
+    g.add_argument("--lr", type=_common.positive_float, default=None, help="Adam learning rate (default 3e-4)")
+    g.add_argument("--sft-steps", type=_common.nonneg_int, default=None, help="warm-start steps (default 400)")
+    g.add_argument("--entropy-coef", type=_common.float_range(0.0, None), default=None,
+                   help="the entropy_bonus arm's coefficient (default 0.01)")
+    a = p.parse_args(argv)
+    _common.require_extra("statsmodels", "stats", "demo lm --task countdown")
+    cfg = QUICK if a.quick else CountdownConfig()
+    over = {"steps": a.steps, "train_seeds": a.train_seeds, "eval_seeds": a.eval_seeds, "prompts": a.prompts,
+            "generations": a.generations, "lr": a.lr, "sft_steps": a.sft_steps, "entropy_coef": a.entropy_coef}
+    over = {k: v for k, v in over.items() if v is not None}
+    if a.sweep:
+        over["arms"] = ARMS
+    if a.arms is not None:
+        over["arms"] = tuple(a.arms)
+    try:
+        cfg = dataclasses.replace(cfg, **over)
+    except ValueError as e:
+        p.error(str(e))
+    out = _common.out_dir(a)
+    log = None if a.no_progress else (lambda s: print(s, flush=True))
+    with _common.metrics_writer(a) as w:
+        res = run(cfg, seed=a.seed, out=out, writer=w, progress=log)
+    res.pop("_state", None)
+    png = _common.save_plot(lambda plt: plot(plt, res), out / "countdown.png")
+    b = res["warm_start"]["base_policy"]
+    print(f"demo lm --task countdown: {cfg.runs} runs ({len(cfg.arms)} arms x {cfg.train_seeds} training seeds) "
+          f"in one program, {cfg.steps} steps of {cfg.prompts} prompts x {cfg.generations} completions; "
+          f"{cfg.eval_seeds} evaluation seeds; wall {res['wall_seconds']:.0f} s (warm start "
+          f"{res['warm_start_seconds']:.0f} s, compile {res['compile_seconds']:.0f} s, training "
+          f"{res['train_seconds']:.0f} s, evaluation {res['eval_seconds']:.0f} s)")
+    print(f"warm-start policy (train split): success (mean@8) {b['train']['mean_at_8']:.3f}, pass@8 "
+          f"{b['train']['pass_at_8']:.3f}, coverage@8 {b['train']['coverage_at_8']:.3f}; eval split: mean@8 "
+          f"{b['eval']['mean_at_8']:.3f}, coverage@8 {b['eval']['coverage_at_8']:.3f}")
+    print(summary_table(res))
+    if a.sweep:
+        print(f"--sweep: {len(cfg.arms)} arms x {cfg.train_seeds} training seeds ran in {res['wall_seconds']:.0f} s "
+              f"({res['wall_seconds'] / 60:.1f} minutes) on {res['device']}")
+    print(f"wrote {out / 'results.json'}, {out / 'metrics.jsonl'}" + (f", {png}" if png is not None else ""))
+    gl = goals(res) if not a.quick else []
+    if not a.quick and not a.sweep and a.arms is None:
+        gl.append((f"the default run finishes within {BUDGET_SECONDS // 60} minutes (measured "
+                   f"{res['wall_seconds']:.0f} s)", res["wall_seconds"] <= BUDGET_SECONDS))
+    return _common.finish(gl, a.strict)
