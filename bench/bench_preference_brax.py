@@ -83,6 +83,13 @@ def main(argv=None):
     ap.add_argument("--init-log-std", type=float, default=0.0)
     ap.add_argument("--absorbing-bootstrap", action="store_true")
     ap.add_argument("--hidden", type=int, nargs="+", default=[64, 64])
+    ap.add_argument("--max-grad-norm", type=float, default=0.5,
+                    help="global-norm gradient clipping of actor+critic together (brax's PPO: none; give e.g. 1e10)")
+    ap.add_argument("--tanh-squash", action="store_true", help="PPOConfig.tanh_squash (brax's NormalTanhDistribution)")
+    ap.add_argument("--value-hidden", type=int, nargs="+", default=None, help="critic widths (brax: 256 x 5)")
+    ap.add_argument("--activation", default="tanh", help="flax.linen activation (brax: swish)")
+    ap.add_argument("--policy-head-scale", type=float, default=0.01, help="init scale of the policy's output layer")
+    ap.add_argument("--clip-eps", type=float, default=0.2, help="PPO ratio clipping (brax's PPO: 0.3)")
     ap.add_argument("--eval-episodes", type=int, default=16)
     ap.add_argument("--episodic", action="store_true",
                     help="brax's own episodes (reset on termination, as brax's PPO trains) instead of the "
@@ -105,8 +112,10 @@ def main(argv=None):
     cfg = PPOConfig(num_envs=a.num_envs, num_steps=a.num_steps, num_minibatches=a.minibatches,
                     update_epochs=a.epochs, hidden_sizes=tuple(a.hidden), normalize_observations=not a.no_obs_norm,
                     reward_scaling=a.reward_scaling, init_log_std=a.init_log_std,
-                    absorbing_bootstrap=a.absorbing_bootstrap)
-    hp = PPOHParams.create(learning_rate=a.lr, gamma=a.gamma, ent_coef=a.ent, anneal_steps=0.0)
+                    absorbing_bootstrap=a.absorbing_bootstrap, max_grad_norm=a.max_grad_norm, tanh_squash=a.tanh_squash,
+                    value_hidden_sizes=None if a.value_hidden is None else tuple(a.value_hidden),
+                    activation=a.activation, policy_head_scale=a.policy_head_scale)
+    hp = PPOHParams.create(learning_rate=a.lr, gamma=a.gamma, ent_coef=a.ent, clip_eps=a.clip_eps, anneal_steps=0.0)
     gen = AgentGenerator(env, p, config=cfg, hparams=hp)
     chunk = -(-a.steps // a.evals)
 
@@ -115,7 +124,8 @@ def main(argv=None):
         state = gen.train(state, k1, chunk)
         r = gen.evaluate(state, k2, a.eval_episodes)
         g = gen.evaluate(state, k3, a.eval_episodes, deterministic=True)
-        return state, (jnp.mean(r), jnp.mean(g), gen.trained_steps(state))
+        std = jnp.exp(state.ppo.params["params"]["log_std"])  # the policy's (pre-squash) std per action
+        return state, (jnp.mean(r), jnp.mean(g), gen.trained_steps(state), std)
 
     init = jax.jit(jax.vmap(gen.init))
     step = jax.jit(jax.vmap(train_chunk))
@@ -127,9 +137,9 @@ def main(argv=None):
     curve = []
     t1 = time.perf_counter()
     for i in range(a.evals):
-        state, (r, g, n) = step_c(state, jax.vmap(lambda k: jax.random.fold_in(k, i))(keys))
-        r, g, n = (np.asarray(x) for x in jax.device_get((r, g, n)))
-        curve.append({"steps": int(n[0]), "return": r.tolist(), "return_deterministic": g.tolist(),
+        state, (r, g, n, sd) = step_c(state, jax.vmap(lambda k: jax.random.fold_in(k, i))(keys))
+        r, g, n, sd = (np.asarray(x) for x in jax.device_get((r, g, n, sd)))
+        curve.append({"steps": int(n[0]), "return": r.tolist(), "return_deterministic": g.tolist(), "std": sd.tolist(),
                       "elapsed_s": time.perf_counter() - t1})
         print(json.dumps(curve[-1]), flush=True)
     t_run = time.perf_counter() - t1

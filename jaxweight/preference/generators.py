@@ -314,8 +314,9 @@ class AgentGenerator:
             self._low = jnp.asarray(self.action_space.low, jnp.float32)
             self._high = jnp.asarray(self.action_space.high, jnp.float32)
         self.obs_shape = tuple(env.observation_space(env_params).shape)
+        vh = None if cfg.value_hidden_sizes is None else tuple(int(h) for h in cfg.value_hidden_sizes)
         self.network = ActorCritic(self.action_dim, self.discrete, tuple(cfg.hidden_sizes), cfg.activation,
-                                   float(cfg.init_log_std))
+                                   float(cfg.init_log_std), vh, float(cfg.policy_head_scale))
         self.tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.scale_by_adam(eps=1e-5))
         # Static facts for the loop's variable-horizon check: environments that declare
         # `fixed_horizon` always run `horizon` steps; for others the loop checks the samples.
@@ -339,6 +340,12 @@ class AgentGenerator:
             fp["ppo/init_log_std"] = float(self.config.init_log_std)
         if self.config.absorbing_bootstrap:
             fp["ppo/absorbing_bootstrap"] = True
+        if self.config.tanh_squash:
+            fp["ppo/tanh_squash"] = True
+        if self.config.policy_head_scale != 0.01:
+            fp["ppo/policy_head_scale"] = float(self.config.policy_head_scale)
+        if self.config.value_hidden_sizes is not None:
+            fp["ppo/value_hidden_sizes"] = tuple(int(h) for h in self.config.value_hidden_sizes)
         for f in ("learning_rate", "gamma", "gae_lambda", "clip_eps", "ent_coef", "vf_coef", "vf_clip",
                   "anneal_steps"):
             fp[f"ppo/{f}"] = np.asarray(jax.device_get(getattr(self.hparams, f))).tolist()
@@ -380,6 +387,8 @@ class AgentGenerator:
     def _env_action(self, a):
         if self.discrete:
             return a
+        if self.config.tanh_squash:
+            return self._low + (jnp.tanh(a) + 1.0) * (0.5 * (self._high - self._low))
         return jnp.clip(a, self._low, self._high)
 
     def _train_env_params(self, reward_params):
@@ -522,14 +531,23 @@ class AgentGenerator:
                 lambda x: jnp.take(x, perm, axis=0).reshape((cfg.num_minibatches, -1) + x.shape[1:]), flat
             )
 
+            squash = cfg.tanh_squash and not self.discrete  # Python branch: off, the program is the one of before
+
             def mb_step(carry, mb):
                 params, opt_state = carry
+                tk = None
+                if squash:  # a key per minibatch for the entropy's reparameterised sample
+                    mb, i = mb
+                    tk = jax.random.fold_in(k, i)
                 batch, a, t = mb
-                grads = jax.grad(ppo_loss, argnums=2)(self.network, self.discrete, params, batch, a, t, hp, norm)
+                grads = jax.grad(ppo_loss, argnums=2)(self.network, self.discrete, params, batch, a, t, hp, norm,
+                                                      tk)
                 updates, opt_state = self.tx.update(grads, opt_state, params)
                 params = jax.tree.map(lambda p, u: p - lr * u, params, updates)
                 return (params, opt_state), None
 
+            if squash:
+                mbs = (mbs, jnp.arange(cfg.num_minibatches, dtype=jnp.int32))
             return jax.lax.scan(mb_step, carry, mbs)[0], None
 
         (params, opt_state), _ = jax.lax.scan(

@@ -81,6 +81,17 @@ class PPOConfig:
         to ``horizon`` absorbing ones per episode (brax's InvertedPendulum falls
         within ~10 of its 1000 steps at first). Samples for the teacher and
         evaluations still run the whole fixed horizon.
+      tanh_squash: continuous actions only: the Gaussian is over pre-squash
+        actions ``u`` (what the transitions store and the ratios use) and the
+        environment gets ``low + (tanh(u) + 1) * (high - low) / 2`` instead of
+        ``clip(u, low, high)``; the entropy bonus adds the tanh log-Jacobian at a
+        reparameterised sample (brax's ``NormalTanhDistribution``). Off by default.
+      value_hidden_sizes: MLP widths of the critic if not ``None`` (default:
+        ``hidden_sizes``, as before; brax's PPO uses ``(256,) * 5``).
+      policy_head_scale: scale of the orthogonal initialisation of the policy's
+        output layer (0.01 by default, purejaxrl's; brax's PPO initialises it
+        like its hidden layers, lecun-uniform, so its initial means are ~100x
+        larger).
     """
 
     num_envs: int = struct.field(pytree_node=False, default=16)
@@ -94,6 +105,9 @@ class PPOConfig:
     reward_scaling: float = struct.field(pytree_node=False, default=1.0)
     init_log_std: float = struct.field(pytree_node=False, default=0.0)
     absorbing_bootstrap: bool = struct.field(pytree_node=False, default=False)
+    tanh_squash: bool = struct.field(pytree_node=False, default=False)
+    value_hidden_sizes: tuple | None = struct.field(pytree_node=False, default=None)
+    policy_head_scale: float = struct.field(pytree_node=False, default=0.01)
 
     @property
     def batch_size(self) -> int:
@@ -214,6 +228,8 @@ class ActorCritic(nn.Module):
     hidden_sizes: Sequence[int] = (64, 64)
     activation: str = "tanh"
     init_log_std: float = 0.0
+    value_hidden_sizes: Sequence[int] | None = None
+    policy_head_scale: float = 0.01
 
     @nn.compact
     def __call__(self, obs):
@@ -222,9 +238,10 @@ class ActorCritic(nn.Module):
         x = obs
         for h in self.hidden_sizes:
             x = act(nn.Dense(h, kernel_init=ortho(np.sqrt(2)), bias_init=nn.initializers.zeros)(x))
-        out = nn.Dense(self.action_dim, kernel_init=ortho(0.01), bias_init=nn.initializers.zeros)(x)
+        out = nn.Dense(self.action_dim, kernel_init=ortho(self.policy_head_scale),
+                       bias_init=nn.initializers.zeros)(x)
         v = obs
-        for h in self.hidden_sizes:
+        for h in (self.hidden_sizes if self.value_hidden_sizes is None else self.value_hidden_sizes):
             v = act(nn.Dense(h, kernel_init=ortho(np.sqrt(2)), bias_init=nn.initializers.zeros)(v))
         v = nn.Dense(1, kernel_init=ortho(1.0), bias_init=nn.initializers.zeros)(v)[..., 0]
         if self.discrete:
@@ -356,14 +373,22 @@ def gae(traj: Transition, last_value: Array, hp: PPOHParams) -> tuple[Array, Arr
     return adv, adv + traj.value
 
 
+def _tanh_log_det_jacobian(u: Array) -> Array:
+    """``log(1 - tanh(u)^2)`` computed stably (brax's ``TanhBijector``)."""
+    return 2.0 * (jnp.log(2.0) - u - jax.nn.softplus(-2.0 * u))
+
+
 def ppo_loss(network: nn.Module, discrete: bool, params: Any, batch: Transition, adv: Array, targets: Array,
-             hp: PPOHParams, obs_norm: ObsNorm | None = None) -> Array:
+             hp: PPOHParams, obs_norm: ObsNorm | None = None, tanh_key: Array | None = None) -> Array:
     """The clipped PPO objective (normalised advantages, optionally clipped value loss, entropy bonus).
 
     ``batch.obs`` are raw observations; ``obs_norm`` (if any) normalises them for the networks.
     """
     out, log_std, value = network.apply(params, obs_norm_apply(obs_norm, batch.obs))
     logp, ent = _log_prob_entropy(out, log_std, batch.action, discrete)
+    if tanh_key is not None:  # entropy of the squashed policy: + E[log |d tanh(u) / du|], one reparameterised sample
+        u = out + jnp.exp(log_std) * jax.random.normal(tanh_key, out.shape, out.dtype)
+        ent = ent + jnp.sum(_tanh_log_det_jacobian(u), axis=-1)
     ratio = jnp.exp(logp - batch.logp)
     adv = (adv - adv.mean()) / (adv.std() + 1e-8)
     pg = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - hp.clip_eps, 1 + hp.clip_eps) * adv).mean()

@@ -92,3 +92,19 @@ def test_absorbing_bootstrap_ends_and_resets_with_the_value_of_absorbing():
     assert np.all(np.asarray(true_r) == 1.0)
     with pytest.raises(ValueError, match="absorbing_bootstrap needs a FixedHorizon environment"):
         AgentGenerator(*make_env("cartpole"), config=cfg)
+
+
+def test_tanh_squash_maps_into_the_box_and_trains():
+    """PPOConfig.tanh_squash: off by default (not in the fingerprint); on, the environment gets the squashed
+    pre-tanh sample rescaled to the action box, and training runs with the entropy's tanh Jacobian term."""
+    env, p = make_env("pendulum")
+    assert "ppo/tanh_squash" not in AgentGenerator(env, p, config=PPOConfig(**TINY)).fingerprint()
+    gen = AgentGenerator(env, p, config=PPOConfig(**TINY, tanh_squash=True))
+    assert gen.fingerprint()["ppo/tanh_squash"] is True
+    u = jnp.asarray([[-50.0], [0.0], [0.3], [50.0]])
+    low, high = np.asarray(gen._low), np.asarray(gen._high)
+    np.testing.assert_allclose(np.asarray(gen._env_action(u)),
+                               low + (np.tanh(np.asarray(u)) + 1) * (high - low) / 2, rtol=1e-6)
+    s = gen.init(jax.random.key(0))
+    s = jax.jit(lambda s, k: gen.train(s, k, 2 * gen.config.batch_size))(s, jax.random.key(1))
+    assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(s.ppo.params))
