@@ -363,6 +363,18 @@ class _DemoRun:
 
 
 @pytest.mark.slow
+def test_human_teacher_on_an_env_without_a_renderer_is_a_clear_error(tmp_path, capsys):
+    """``--teacher human`` on an environment id without a clip renderer: one line, exit 2."""
+    pytest.importorskip("gymnax", reason="needs the rl extra (pip install -e '.[rl]')")
+    pytest.importorskip("PIL", reason="needs the label extra (pip install -e '.[label]')")
+    pytest.importorskip("starlette", reason="needs the label extra (pip install -e '.[label]')")
+    from jaxweight.demos import preferences as demo
+
+    code = demo.main(["--env", "gymnax:Acrobot-v1", "--teacher", "human", "--out", str(tmp_path), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "no renderer for environment 'gymnax:Acrobot-v1'" in err, err
+
+
 def test_a_demo_run_killed_mid_round_resumes_with_every_label_and_ends_like_an_uninterrupted_one(loops, tmp_path):
     pytest.importorskip("starlette", reason=WEB_REASON)
     pytest.importorskip("uvicorn", reason=WEB_REASON)

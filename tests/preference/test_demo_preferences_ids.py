@@ -44,14 +44,6 @@ def test_bad_env_ids_are_one_line_and_exit_2(argv, match, capsys):
     assert err.count("\n") == 1 and re.search(match, err), err
 
 
-def test_human_teacher_on_an_env_without_a_renderer_is_a_clear_error(tmp_path, capsys):
-    pytest.importorskip("PIL", reason="the label extra")
-    pytest.importorskip("starlette", reason="the label extra")
-    code = demo.main(["--env", "gymnax:Acrobot-v1", "--teacher", "human", "--out", str(tmp_path), "--no-progress"])
-    err = capsys.readouterr().err
-    assert code == 2 and "no renderer for environment 'gymnax:Acrobot-v1'" in err, err
-
-
 @pytest.mark.slow
 def test_tiny_run_on_a_gymnax_id(tmp_path):
     """``--env gymnax:Acrobot-v1`` end to end at tiny sizes: the results file has the cartpole file's layout
