@@ -83,8 +83,8 @@ def main(argv=None):
     ap.add_argument("--init-log-std", type=float, default=0.0)
     ap.add_argument("--absorbing-bootstrap", action="store_true")
     ap.add_argument("--hidden", type=int, nargs="+", default=[64, 64])
-    ap.add_argument("--max-grad-norm", type=float, default=0.5,
-                    help="global-norm gradient clipping of actor+critic together (brax's PPO: none; give e.g. 1e10)")
+    ap.add_argument("--max-grad-norm", type=lambda v: None if v.lower() == "none" else float(v), default=0.5,
+                    help="global-norm gradient clipping of actor+critic together, or 'none' (brax's PPO: none)")
     ap.add_argument("--tanh-squash", action="store_true", help="PPOConfig.tanh_squash (brax's NormalTanhDistribution)")
     ap.add_argument("--value-hidden", type=int, nargs="+", default=None, help="critic widths (brax: 256 x 5)")
     ap.add_argument("--activation", default="tanh", help="flax.linen activation (brax: swish)")

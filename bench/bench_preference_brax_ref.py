@@ -27,6 +27,10 @@ CONFIGS = {
                                      episode_length=1000, normalize_observations=True, action_repeat=1,
                                      unroll_length=5, num_minibatches=32, num_updates_per_batch=4, discounting=0.97,
                                      learning_rate=3e-4, entropy_cost=1e-2, num_envs=2048, batch_size=1024),
+    "halfcheetah": dict(num_timesteps=50_000_000, num_evals=20, reward_scaling=1, episode_length=1000,
+                        normalize_observations=True, action_repeat=1, unroll_length=20, num_minibatches=32,
+                        num_updates_per_batch=8, discounting=0.95, learning_rate=3e-4, entropy_cost=1e-3,
+                        num_envs=2048, batch_size=512),
 }
 
 
@@ -74,7 +78,7 @@ def main(argv=None):
 
     ppo.train(environment=env, progress_fn=progress, seed=a.seed, **cfg)
     res = {"env": a.env, "config": cfg, "curve": curve, "wall_s": time.perf_counter() - t0,
-           "command": " ".join(sys.argv),
+           "command": " ".join(sys.argv), "device": str(jax.devices()[0]),
            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, affinity {len(os.sched_getaffinity(0))}"}
     if a.out:
         with open(a.out, "w") as f:

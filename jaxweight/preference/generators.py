@@ -290,7 +290,8 @@ class AgentGenerator:
         cfg = self.config
         for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs"):
             check_static_int(getattr(cfg, name), f"config.{name}", 1)
-        check_value(cfg.max_grad_norm, "config.max_grad_norm", gt=0.0, static=True)
+        if cfg.max_grad_norm is not None:
+            check_value(cfg.max_grad_norm, "config.max_grad_norm", gt=0.0, static=True)
         check_value(cfg.reward_scaling, "config.reward_scaling", gt=0.0, static=True)
         check_value(cfg.init_log_std, "config.init_log_std", static=True)
         if cfg.absorbing_bootstrap and not isinstance(env, FixedHorizon):
@@ -317,7 +318,8 @@ class AgentGenerator:
         vh = None if cfg.value_hidden_sizes is None else tuple(int(h) for h in cfg.value_hidden_sizes)
         self.network = ActorCritic(self.action_dim, self.discrete, tuple(cfg.hidden_sizes), cfg.activation,
                                    float(cfg.init_log_std), vh, float(cfg.policy_head_scale))
-        self.tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.scale_by_adam(eps=1e-5))
+        clip = () if cfg.max_grad_norm is None else (optax.clip_by_global_norm(cfg.max_grad_norm),)
+        self.tx = optax.chain(*clip, optax.scale_by_adam(eps=1e-5))
         # Static facts for the loop's variable-horizon check: environments that declare
         # `fixed_horizon` always run `horizon` steps; for others the loop checks the samples.
         self.horizons = (self.horizon,) if getattr(env, "fixed_horizon", False) else None

@@ -52,7 +52,8 @@ class PPOConfig:
       update_epochs: passes over each rollout.
       hidden_sizes: MLP widths of the actor and of the critic.
       activation: ``"tanh"`` or ``"relu"`` (any ``flax.linen`` activation name).
-      max_grad_norm: global-norm gradient clipping.
+      max_grad_norm: global-norm gradient clipping of actor and critic together
+        (0.5); ``None``: no clipping (brax's PPO clips nothing).
       normalize_observations: keep running mean and variance of the observations
         in the agent state (:class:`ObsNorm`, updated with every rollout before
         the update, as brax's PPO) and feed the networks ``clip((obs - mean) /
@@ -100,7 +101,7 @@ class PPOConfig:
     update_epochs: int = struct.field(pytree_node=False, default=4)
     hidden_sizes: tuple = struct.field(pytree_node=False, default=(64, 64))
     activation: str = struct.field(pytree_node=False, default="tanh")
-    max_grad_norm: float = struct.field(pytree_node=False, default=0.5)
+    max_grad_norm: float | None = struct.field(pytree_node=False, default=0.5)
     normalize_observations: bool = struct.field(pytree_node=False, default=False)
     reward_scaling: float = struct.field(pytree_node=False, default=1.0)
     init_log_std: float = struct.field(pytree_node=False, default=0.0)

@@ -108,3 +108,22 @@ def test_tanh_squash_maps_into_the_box_and_trains():
     s = gen.init(jax.random.key(0))
     s = jax.jit(lambda s, k: gen.train(s, k, 2 * gen.config.batch_size))(s, jax.random.key(1))
     assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(s.ppo.params))
+
+
+def test_max_grad_norm_none_is_no_clipping():
+    """PPOConfig.max_grad_norm=None (brax's PPO, the brax demo's default) trains exactly as a clip at a norm that
+    is never reached, differs from a clip that is, and is recorded in the fingerprint as None."""
+    env, p = make_env("pendulum")
+
+    def trained(max_grad_norm):
+        gen = AgentGenerator(env, p, config=PPOConfig(**TINY, max_grad_norm=max_grad_norm))
+        s = jax.jit(lambda k: gen.train(gen.init(k), jax.random.fold_in(k, 1), 2 * gen.config.batch_size))(
+            jax.random.key(0))
+        return gen, np.concatenate([np.ravel(x) for x in jax.tree.leaves(s.ppo.params)])
+
+    gen, none = trained(None)
+    assert gen.fingerprint()["ppo/max_grad_norm"] is None
+    _, never = trained(1e30)
+    _, tight = trained(1e-3)
+    np.testing.assert_allclose(none, never, rtol=1e-6, atol=1e-7)
+    assert np.max(np.abs(none - tight)) > 1e-4
