@@ -35,7 +35,7 @@ from . import _countdown_stats as ST
 from ._countdown_pipeline import (ARM_SETTINGS, ARMS, DEFAULT_ARMS, METRICS, QUICK, SWEEP_TAUS, CountdownConfig,
                                   make_pipeline, make_task, warm_start)
 
-__all__ = ["run", "main", "plot", "summary_table", "GOALS"]
+__all__ = ["run", "main", "plot", "summary_table", "runs_table", "GOALS"]
 
 # the paper's signature at this scale: xDr.GRPO tau = 0.05 against Dr.GRPO (shares, not points)
 GOALS = {"coverage_at_8": 0.03, "pass_at_8": 0.05, "mean_at_8_band": 0.03}
@@ -129,10 +129,12 @@ def _results(cfg, task, base, final, history, timer, sft_loss) -> dict:
         arm["per_seed_pair"] = {k: v["per_seed_pair"] for k, v in r.items()}
         arm["settings"] = {"xdr": xdr, "tau": tau if xdr else None, "seed_grpo": seed_on,
                            "entropy_coef": cfg.entropy_coef if ent_on else 0.0}
-        arm["effect_vs_drgrpo"] = None
+        arm["effect_vs_drgrpo"] = arm["effect_vs_drgrpo_across_runs"] = None
         if a != "drgrpo" and "drgrpo" in cfg.arms and stats:
             b = cfg.arms.index("drgrpo")
             arm["effect_vs_drgrpo"] = {k: ST.effect(per_arm[k][i], per_arm[k][b]) for k in METRICS}
+            arm["effect_vs_drgrpo_across_runs"] = {k: ST.effect_across_runs(per_arm[k][i], per_arm[k][b])
+                                                   for k in METRICS}
         sl = slice(i * s_n, (i + 1) * s_n)
         trace = {k: [float(np.mean(h[k][sl])) for h in history] for k in (history[0] if history else {})
                  if k != "step"}
@@ -152,7 +154,10 @@ def _results(cfg, task, base, final, history, timer, sft_loss) -> dict:
         "arms": arms,
         "effects": ("regression per metric: Y = a + gamma 1{arm} + training-seed FE + evaluation-seed FE, "
                     "OLS, standard errors clustered by eval prompt (statsmodels); estimates are shares "
-                    "(x 100 = points)") if stats else "statsmodels missing: pip install 'jaxweight[stats]'",
+                    "(x 100 = points); effect_vs_drgrpo_across_runs: the robustness check with the training "
+                    "run as the unit, the paired run-mean differences per training seed, mean and Student-t "
+                    "CI95 with S - 1 df (statsmodels OLS on a constant)")
+        if stats else "statsmodels missing: pip install 'jaxweight[stats]'",
         "rollouts_per_run": cfg.steps * cfg.prompts * cfg.generations,
         "runs": cfg.runs, "steps": cfg.steps,
         "warm_start_seconds": timer["warm_start"], "compile_seconds": timer["compile"],
@@ -167,7 +172,29 @@ def _fmt_effect(e: dict | None, k: str) -> str:
     if not e:
         return ""
     x = e[k]
+    if x["ci95"] is None:
+        return f"{100 * x['estimate']:+.1f}"
     return f"{100 * x['estimate']:+.1f} [{100 * x['ci95'][0]:+.1f}, {100 * x['ci95'][1]:+.1f}]"
+
+
+def _table(rows: list) -> str:
+    """Rows of strings as aligned text: the first column left, the rest right; a rule under the head."""
+    w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    fmt = lambda r: "  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r))  # noqa: E731
+    return "\n".join([fmt(rows[0]), fmt(["-" * x for x in w])] + [fmt(r) for r in rows[1:]])
+
+
+def runs_table(res: dict) -> str:
+    """Per arm: the effects vs Dr.GRPO with the training run as the unit (t CI95, S - 1 df), in points."""
+    rows = [["arm (across training runs)", "d pass@8 (pts)", "d coverage@8", "d mean@8", "runs"]]
+    for a, r in res["arms"].items():
+        e = r.get("effect_vs_drgrpo_across_runs")
+        if e:
+            rows.append([a] + [_fmt_effect(e, k) for k in ("pass_at_8", "coverage_at_8", "mean_at_8")]
+                        + [str(e["pass_at_8"]["runs"])])
+    if len(rows) == 1:
+        return ""
+    return _table(rows)
 
 
 def summary_table(res: dict) -> str:
@@ -179,9 +206,7 @@ def summary_table(res: dict) -> str:
         e = r["effect_vs_drgrpo"]
         rows.append([a] + [f"{r[k]:.3f}" for k in METRICS] + [_fmt_effect(e, k) for k in
                                                                ("pass_at_8", "coverage_at_8", "mean_at_8")])
-    w = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    fmt = lambda r: "  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r))  # noqa: E731
-    return "\n".join([fmt(rows[0]), fmt(["-" * x for x in w])] + [fmt(r) for r in rows[1:]])
+    return _table(rows)
 
 
 def goals(res: dict) -> list:
@@ -221,6 +246,11 @@ def plot(plt, res: dict):
                 a_.errorbar(pos[name], r[k], yerr=[[r[k] - lo], [hi - r[k]]], fmt="o", color=col, capsize=4)
             else:
                 a_.plot(pos[name], r[k], "o", color=col)
+            er = (r.get("effect_vs_drgrpo_across_runs") or {}).get(k)
+            if er and er["ci95"] is not None and base is not None:  # the training run as the unit: wider
+                lo, hi = base[k] + er["ci95"][0], base[k] + er["ci95"][1]
+                a_.errorbar(pos[name] + 0.25, r[k], yerr=[[r[k] - lo], [hi - r[k]]], fmt="o", mfc="none",
+                            color=col, capsize=3, ls="none", lw=1)
             a_.plot([pos[name]] * len(r["per_seed"][k]), r["per_seed"][k], ".", color=col, alpha=0.4)
         a_.set_xticks(range(len(labels)), labels, fontsize=8)
         a_.set(title=f"eval {k.replace('_at_', '@')}", xlabel="xDr.GRPO tau")
@@ -234,8 +264,8 @@ def plot(plt, res: dict):
                               "token entropy (solid); distinct correct modes per group of G (dashed)")):
         a_.set(title=tt, xlabel="step")
         a_.legend(fontsize=6)
-    fig.suptitle("final checkpoints; bars: Dr.GRPO's mean + the arm's effect CI95 (seed FE, prompt-clustered); "
-                 "small dots: training seeds", fontsize=9)
+    fig.suptitle("final checkpoints; bars: Dr.GRPO's mean + the arm's effect CI95 (filled: seed FE, prompt-clustered; "
+                 "hollow, right: across training runs, t with S - 1 df); small dots: training seeds", fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -288,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{b['train']['pass_at_8']:.3f}, coverage@8 {b['train']['coverage_at_8']:.3f}; eval split: mean@8 "
           f"{b['eval']['mean_at_8']:.3f}, coverage@8 {b['eval']['coverage_at_8']:.3f}")
     print(summary_table(res))
+    rt = runs_table(res)
+    if rt:
+        print(rt)
     if a.sweep:
         print(f"--sweep: {len(cfg.arms)} arms x {cfg.train_seeds} training seeds ran in {res['wall_seconds']:.0f} s "
               f"({res['wall_seconds'] / 60:.1f} minutes) on {res['device']}")

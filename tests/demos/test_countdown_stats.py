@@ -7,6 +7,7 @@ the main suite (``--ignore=tests/demos/test_countdown_stats.py``).
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import statsmodels.api  # noqa: F401  (the extra this file tests; no skip: CI fails on a missing extra)
 
 from jaxweight.demos import _countdown_stats as ST
@@ -67,3 +68,52 @@ def test_outcome_constant_across_evaluation_seeds_warns_nothing():
     e = ST.effect(arm, base)
     np.testing.assert_allclose(e["estimate"], arm.mean() - base.mean(), atol=1e-12)
     assert np.isfinite(e["se"]) and e["se"] > 0
+
+
+def test_effect_across_runs_is_the_t_interval_of_paired_run_differences():
+    """The training run as the unit: the mean of the per-seed differences of run means with Student's t
+    (S - 1 df), a NumPy/SciPy transcription; wider than the prompt-clustered interval when runs disagree."""
+    from scipy import stats
+
+    rng = np.random.default_rng(3)
+    arm, base = _data(rng, s=6, e=3, p=40)
+    arm = arm + rng.normal(0, 0.15, 6)[:, None, None]     # run-to-run variation of the arm's effect
+    r = ST.effect_across_runs(arm, base)
+    d = (arm - base).mean((1, 2))
+    se = d.std(ddof=1) / np.sqrt(d.size)
+    q = stats.t.ppf(0.975, d.size - 1)
+    np.testing.assert_allclose(r["estimate"], d.mean(), atol=1e-12)
+    np.testing.assert_allclose(r["estimate"], ST.effect(arm, base)["estimate"], atol=1e-12)  # balanced design
+    np.testing.assert_allclose(r["se"], se, rtol=1e-10)
+    np.testing.assert_allclose(r["ci95"], [d.mean() - q * se, d.mean() + q * se], rtol=1e-10)
+    np.testing.assert_allclose(r["per_run"], d, atol=1e-12)
+    assert r["runs"] == 6
+    c = ST.effect(arm, base)["ci95"]
+    assert r["ci95"][1] - r["ci95"][0] > c[1] - c[0]
+
+
+def test_effect_across_runs_edge_cases():
+    arm, base = _data(np.random.default_rng(4), s=1)
+    one = ST.effect_across_runs(arm, base)
+    assert one["runs"] == 1 and one["se"] is None and one["ci95"] is None
+    zero = np.zeros((3, 2, 5))
+    same = ST.effect_across_runs(zero + 0.25, zero)      # every run differs by exactly the same amount
+    np.testing.assert_allclose(same["ci95"], [0.25, 0.25])
+    assert same["se"] == 0.0
+    with pytest.raises(ValueError, match=r"\[S, E, P\]"):
+        ST.effect_across_runs(arm[0], base[0])
+
+
+def test_runs_table_shows_the_across_runs_effects_in_points():
+    from jaxweight.demos import _countdown_demo as D
+
+    arm, base = _data(np.random.default_rng(5), s=4)
+    e = {k: ST.effect_across_runs(arm, base) for k in ("pass_at_8", "coverage_at_8", "mean_at_8")}
+    table = D.runs_table({"arms": {"drgrpo": {"effect_vs_drgrpo_across_runs": None},
+                                   "xdr_tau0.05": {"effect_vs_drgrpo_across_runs": e}}})
+    lines = table.splitlines()
+    assert len(lines) == 3 and lines[2].startswith("xdr_tau0.05")
+    lo, hi = (100 * x for x in e["pass_at_8"]["ci95"])
+    assert f"{100 * e['pass_at_8']['estimate']:+.1f} [{lo:+.1f}, {hi:+.1f}]" in lines[2]
+    assert lines[2].split()[-1] == "4"
+    assert D.runs_table({"arms": {"drgrpo": {"effect_vs_drgrpo_across_runs": None}}}) == ""
