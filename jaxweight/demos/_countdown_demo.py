@@ -110,6 +110,8 @@ def run(cfg: CountdownConfig | None = None, *, quick: bool = False, seed: int = 
                                  for r, nm in enumerate(names)})
     res = _results(cfg, task, base, final, history, timer, np.asarray(sft_losses[:, -1]))
     res["wall_seconds"] = time.perf_counter() - t_wall
+    for arm in res["arms"].values():  # every arm ran in the one program: each arm's wall is the program's
+        arm["wall_seconds"] = res["wall_seconds"]
     if out is not None:
         _common.write_results(out, res)
     res["_state"] = state

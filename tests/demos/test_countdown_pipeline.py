@@ -135,6 +135,7 @@ def test_tiny_run_writes_finite_results(tmp_path):
         assert r["coverage_at_8"] <= r["pass_at_8"] + 1e-9
         assert all(np.isfinite(v).all() for k, v in r["trace"].items())
         assert len(r["trace"]["steps"]) > 0
+        assert r["wall_seconds"] == saved["wall_seconds"]   # one program runs every arm
     assert saved["wall_seconds"] > 0 and saved["rollouts_per_run"] == TINY.steps * TINY.prompts * TINY.generations
     assert saved["warm_start"]["base_policy"]["train"]["mean_at_8"] >= 0
 
