@@ -64,6 +64,15 @@ def _Episodic(inner):
     return _episodic_class()(inner)
 
 
+def _mean_std(gen, state):
+    """The policy's (pre-squash) std per action: the parameter, or with a state-dependent std its mean over the
+    training environments' current observations."""
+    from jaxweight.preference.ppo import obs_norm_apply
+
+    _, log_std, _ = gen.network.apply(state.ppo.params, obs_norm_apply(state.ppo.obs_norm, state.ppo.obs))
+    return jnp.exp(log_std).reshape(-1, log_std.shape[-1]).mean(0)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--env", default="brax:inverted_pendulum")
@@ -89,6 +98,8 @@ def main(argv=None):
     ap.add_argument("--value-hidden", type=int, nargs="+", default=None, help="critic widths (brax: 256 x 5)")
     ap.add_argument("--activation", default="tanh", help="flax.linen activation (brax: swish)")
     ap.add_argument("--policy-head-scale", type=float, default=0.01, help="init scale of the policy's output layer")
+    ap.add_argument("--state-std", action="store_true",
+                    help="PPOConfig.state_dependent_std (brax's policy: softplus(raw) + 0.001 from the output layer)")
     ap.add_argument("--clip-eps", type=float, default=0.2, help="PPO ratio clipping (brax's PPO: 0.3)")
     ap.add_argument("--eval-episodes", type=int, default=16)
     ap.add_argument("--episodic", action="store_true",
@@ -114,7 +125,8 @@ def main(argv=None):
                     reward_scaling=a.reward_scaling, init_log_std=a.init_log_std,
                     absorbing_bootstrap=a.absorbing_bootstrap, max_grad_norm=a.max_grad_norm, tanh_squash=a.tanh_squash,
                     value_hidden_sizes=None if a.value_hidden is None else tuple(a.value_hidden),
-                    activation=a.activation, policy_head_scale=a.policy_head_scale)
+                    activation=a.activation, policy_head_scale=a.policy_head_scale,
+                    state_dependent_std=a.state_std)
     hp = PPOHParams.create(learning_rate=a.lr, gamma=a.gamma, ent_coef=a.ent, clip_eps=a.clip_eps, anneal_steps=0.0)
     gen = AgentGenerator(env, p, config=cfg, hparams=hp)
     chunk = -(-a.steps // a.evals)
@@ -124,7 +136,7 @@ def main(argv=None):
         state = gen.train(state, k1, chunk)
         r = gen.evaluate(state, k2, a.eval_episodes)
         g = gen.evaluate(state, k3, a.eval_episodes, deterministic=True)
-        std = jnp.exp(state.ppo.params["params"]["log_std"])  # the policy's (pre-squash) std per action
+        std = _mean_std(gen, state)  # the policy's (pre-squash) std per action
         return state, (jnp.mean(r), jnp.mean(g), gen.trained_steps(state), std)
 
     init = jax.jit(jax.vmap(gen.init))

@@ -58,6 +58,7 @@ __all__ = [
     "out_dir",
     "metrics_writer",
     "write_results",
+    "provenance",
     "save_plot",
     "finish",
     "Timer",
@@ -329,6 +330,29 @@ class Timer:
 
 
 # --------------------------------------------------------------------------- optional extras
+
+def provenance() -> dict:
+    """Where a result came from, for its JSON: ``{"command", "commit", "machine"}``.
+
+    ``command``: this process's command line; ``commit``: ``git rev-parse HEAD`` of the checkout
+    the package was imported from, with ``" + uncommitted changes"`` when tracked files differ
+    from it (``None`` outside a git checkout); ``machine``: processor, CPUs, OS.
+    """
+    import platform
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    commit = None
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if head.returncode == 0:
+            dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=root, capture_output=True, timeout=10)
+            commit = head.stdout.strip() + (" + uncommitted changes" if dirty.returncode else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"command": " ".join([Path(sys.executable).name, *sys.argv]), "commit": commit,
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}"}
+
 
 def missing_modules(modules: str | Iterable[str]) -> list[str]:
     """The top-level modules of ``modules`` that cannot be imported (checked without importing them)."""

@@ -317,7 +317,8 @@ class AgentGenerator:
         self.obs_shape = tuple(env.observation_space(env_params).shape)
         vh = None if cfg.value_hidden_sizes is None else tuple(int(h) for h in cfg.value_hidden_sizes)
         self.network = ActorCritic(self.action_dim, self.discrete, tuple(cfg.hidden_sizes), cfg.activation,
-                                   float(cfg.init_log_std), vh, float(cfg.policy_head_scale))
+                                   float(cfg.init_log_std), vh, float(cfg.policy_head_scale),
+                                   bool(cfg.state_dependent_std))
         clip = () if cfg.max_grad_norm is None else (optax.clip_by_global_norm(cfg.max_grad_norm),)
         self.tx = optax.chain(*clip, optax.scale_by_adam(eps=1e-5))
         # Static facts for the loop's variable-horizon check: environments that declare
@@ -344,6 +345,8 @@ class AgentGenerator:
             fp["ppo/absorbing_bootstrap"] = True
         if self.config.tanh_squash:
             fp["ppo/tanh_squash"] = True
+        if self.config.state_dependent_std and not self.discrete:
+            fp["ppo/state_dependent_std"] = True
         if self.config.policy_head_scale != 0.01:
             fp["ppo/policy_head_scale"] = float(self.config.policy_head_scale)
         if self.config.value_hidden_sizes is not None:

@@ -89,6 +89,10 @@ class PPOConfig:
         reparameterised sample (brax's ``NormalTanhDistribution``). Off by default.
       value_hidden_sizes: MLP widths of the critic if not ``None`` (default:
         ``hidden_sizes``, as before; brax's PPO uses ``(256,) * 5``).
+      state_dependent_std: continuous actions only: the policy's output layer
+        also gives the std per state, ``softplus(raw) + 0.001`` (brax's PPO
+        policy; about 0.69 at the start, so ``init_log_std`` is unused), instead
+        of the state-independent ``log_std`` parameter. Off by default.
       policy_head_scale: scale of the orthogonal initialisation of the policy's
         output layer (0.01 by default, purejaxrl's; brax's PPO initialises it
         like its hidden layers, lecun-uniform, so its initial means are ~100x
@@ -109,6 +113,7 @@ class PPOConfig:
     tanh_squash: bool = struct.field(pytree_node=False, default=False)
     value_hidden_sizes: tuple | None = struct.field(pytree_node=False, default=None)
     policy_head_scale: float = struct.field(pytree_node=False, default=0.01)
+    state_dependent_std: bool = struct.field(pytree_node=False, default=False)
 
     @property
     def batch_size(self) -> int:
@@ -219,9 +224,10 @@ def _orthonormal(key: Array, m: int, n: int) -> Array:
 class ActorCritic(nn.Module):
     """Separate actor and critic MLPs (purejaxrl initialisation).
 
-    ``__call__(obs f32[..., D]) -> (out f32[..., A], log_std f32[A], value f32[...])``;
+    ``__call__(obs f32[..., D]) -> (out f32[..., A], log_std f32[A] | f32[..., A], value f32[...])``;
     ``out`` are logits (discrete) or the Gaussian mean (continuous; a
-    state-independent ``log_std`` parameter, zeros for discrete).
+    state-independent ``log_std`` parameter, or with ``state_dependent_std``
+    ``log(softplus(raw) + 0.001)`` from the same output layer; zeros for discrete).
     """
 
     action_dim: int
@@ -231,6 +237,7 @@ class ActorCritic(nn.Module):
     init_log_std: float = 0.0
     value_hidden_sizes: Sequence[int] | None = None
     policy_head_scale: float = 0.01
+    state_dependent_std: bool = False
 
     @nn.compact
     def __call__(self, obs):
@@ -239,7 +246,8 @@ class ActorCritic(nn.Module):
         x = obs
         for h in self.hidden_sizes:
             x = act(nn.Dense(h, kernel_init=ortho(np.sqrt(2)), bias_init=nn.initializers.zeros)(x))
-        out = nn.Dense(self.action_dim, kernel_init=ortho(self.policy_head_scale),
+        scale_head = self.state_dependent_std and not self.discrete
+        out = nn.Dense(self.action_dim * (2 if scale_head else 1), kernel_init=ortho(self.policy_head_scale),
                        bias_init=nn.initializers.zeros)(x)
         v = obs
         for h in (self.hidden_sizes if self.value_hidden_sizes is None else self.value_hidden_sizes):
@@ -247,6 +255,9 @@ class ActorCritic(nn.Module):
         v = nn.Dense(1, kernel_init=ortho(1.0), bias_init=nn.initializers.zeros)(v)[..., 0]
         if self.discrete:
             log_std = jnp.zeros((self.action_dim,), jnp.float32)
+        elif scale_head:
+            out, raw = jnp.split(out, 2, axis=-1)
+            log_std = jnp.log(jax.nn.softplus(raw) + 0.001)
         else:
             init = (nn.initializers.zeros if self.init_log_std == 0.0
                     else nn.initializers.constant(self.init_log_std))
@@ -269,7 +280,7 @@ def _log_prob_entropy(out, log_std, a, discrete):
         return logp, ent
     var = jnp.exp(2 * log_std)
     logp = -0.5 * jnp.sum((a - out) ** 2 / var + 2 * log_std + jnp.log(2 * jnp.pi), axis=-1)
-    ent = jnp.sum(0.5 + 0.5 * jnp.log(2 * jnp.pi) + log_std) * jnp.ones(out.shape[:-1], out.dtype)
+    ent = jnp.sum(0.5 + 0.5 * jnp.log(2 * jnp.pi) + jnp.broadcast_to(log_std, out.shape), axis=-1)
     return logp, ent
 
 

@@ -74,10 +74,10 @@ def test_demo_settings_for_brax_ids():
     ip = demo.settings("brax:inverted_pendulum", quick=True)
     assert ip.reward_scaling == 10.0 and ip.fragment_length <= 1000 and not ip.use_action
     assert demo.file_tag("brax:inverted_pendulum") == "brax-inverted_pendulum"
-    # brax's PPO choices (no gradient clipping, ratio clip 0.3, tanh-squashed Gaussian) reach the agent
-    assert (ip.max_grad_norm, ip.clip_eps, ip.tanh_squash) == (None, 0.3, True)
-    gen = demo.build(demo.settings("brax:inverted_pendulum", quick=True, horizon=H)).generator
-    assert (gen.config.max_grad_norm, gen.config.tanh_squash) == (None, True)
+    # brax's PPO choices (no gradient clipping, ratio clip 0.3, tanh-squashed Gaussian, std per state) reach the agent
+    assert (ip.max_grad_norm, ip.clip_eps, ip.tanh_squash, ip.state_dependent_std) == (None, 0.3, True, True)
+    gen = demo.build(demo.settings("brax:inverted_pendulum", quick=True, horizon=H, fragment_length=4)).generator
+    assert (gen.config.max_grad_norm, gen.config.tanh_squash, gen.config.state_dependent_std) == (None, True, True)
     assert float(gen.hparams.clip_eps) == pytest.approx(0.3)
     hc = demo.settings("brax:halfcheetah")  # brax's halfcheetah: unroll 20 x 8, minibatches of 10,240, 8 epochs
     assert (hc.gamma, hc.reward_scaling, hc.ppo_epochs, hc.ppo_envs * hc.ppo_steps // hc.ppo_minibatches) == (

@@ -62,5 +62,8 @@ def test_tiny_run_on_a_gymnax_id(tmp_path):
     assert (tmp_path / "checkpoints" / "gymnax-Acrobot-v1_quick").is_dir()
     assert np.asarray(saved["random_return"]).shape == (1,) and -40.0 <= saved["random_return"][0] <= 0.0
     assert "held-out acc" in demo.report(res)
+    # the JSON says where it came from: command, commit (this checkout's HEAD, or None outside git), machine
+    assert saved["command"] and "CPUs" in saved["machine"]
+    assert saved["commit"] is None or len(saved["commit"].split()[0]) == 40
     fake = {"final": {"return": [30.0]}, "baseline_return": [50.0], "random_return": [10.0]}
     np.testing.assert_allclose(demo.normalised_score(fake), [0.5])

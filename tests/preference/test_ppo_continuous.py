@@ -127,3 +127,29 @@ def test_max_grad_norm_none_is_no_clipping():
     _, tight = trained(1e-3)
     np.testing.assert_allclose(none, never, rtol=1e-6, atol=1e-7)
     assert np.max(np.abs(none - tight)) > 1e-4
+
+
+def test_state_dependent_std_is_brax_softplus_scale_and_trains():
+    """PPOConfig.state_dependent_std: the output layer gives mean and std per state (softplus(raw) + 0.001,
+    ~0.69 at the start), the log-probability and entropy use the per-state std, and training runs; off by
+    default and recorded only when on."""
+    from jaxweight.preference.ppo import _log_prob_entropy
+
+    env, p = make_env("pendulum")
+    assert "ppo/state_dependent_std" not in AgentGenerator(env, p, config=PPOConfig(**TINY)).fingerprint()
+    gen = AgentGenerator(env, p, config=PPOConfig(**TINY, state_dependent_std=True, tanh_squash=True))
+    assert gen.fingerprint()["ppo/state_dependent_std"] is True
+    s = gen.init(jax.random.key(0))
+    assert "log_std" not in s.ppo.params["params"]
+    obs = jax.random.normal(jax.random.key(1), (5,) + gen.obs_shape)
+    out, log_std, _ = gen.network.apply(s.ppo.params, obs)
+    assert out.shape == log_std.shape == (5, gen.action_dim)
+    np.testing.assert_allclose(np.exp(np.asarray(log_std)), np.log(2.0) + 0.001, atol=0.02)  # raw ~ 0 at init
+    a = jnp.asarray(np.random.default_rng(0).normal(size=(5, gen.action_dim)), jnp.float32)
+    logp, ent = _log_prob_entropy(out, log_std, a, False)
+    sd = np.exp(np.asarray(log_std))
+    ref = -0.5 * np.sum(((np.asarray(a) - np.asarray(out)) / sd) ** 2 + 2 * np.log(sd) + np.log(2 * np.pi), -1)
+    np.testing.assert_allclose(np.asarray(logp), ref, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(ent), np.sum(0.5 + 0.5 * np.log(2 * np.pi) + np.log(sd), -1), rtol=1e-5)
+    s = jax.jit(lambda s, k: gen.train(s, k, 2 * gen.config.batch_size))(s, jax.random.key(2))
+    assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(s.ppo.params))
