@@ -21,7 +21,7 @@ Example::
 
     import jax, numpy as np
     from jaxweight.preference import Box, Discrete, RewardMLP, loop, trajectories_from_arrays
-    from jaxweight.preference.generators import DatasetGenerator
+    from jaxweight.preference.datasets import DatasetGenerator
     rng = np.random.default_rng(0)
     trajs = trajectories_from_arrays([rng.normal(size=(9, 2)) for _ in range(4)],
                                      [rng.integers(0, 2, 8) for _ in range(4)], [rng.normal(size=8)] * 4)

@@ -16,7 +16,8 @@ from jaxweight.preference import driver as dr
 from jaxweight.preference import loop as lp
 from jaxweight.preference.evaluation import preference_accuracy
 from jaxweight.preference.envs import make_env, reward_net
-from jaxweight.preference.generators import AgentGenerator, DatasetGenerator
+from jaxweight.preference.datasets import DatasetGenerator
+from jaxweight.preference.generators import AgentGenerator
 from jaxweight.preference.ppo import PPOConfig, PPOHParams
 
 

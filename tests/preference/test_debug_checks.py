@@ -217,7 +217,7 @@ def test_reward_normaliser():
 def _tie_dataset_config():
     """A dataset loop whose rewards are all 1 (every pair a tie) and which cannot evaluate an agent."""
     from jaxweight.preference import loop as lp
-    from jaxweight.preference.generators import DatasetGenerator
+    from jaxweight.preference.datasets import DatasetGenerator
 
     trajs = TRAJS.replace(rews=jnp.ones_like(TRAJS.rews))
     tcfg = tr.config(NET, num_members=2, batch_size=4)

@@ -19,7 +19,8 @@ from jaxweight.preference import driver as dr
 from jaxweight.preference import loop as lp
 from jaxweight.preference.evaluation import preference_accuracy, reward_correlation
 from jaxweight.preference.envs import make_env, reward_net
-from jaxweight.preference.generators import AgentGenerator, DatasetGenerator, HostGenerator
+from jaxweight.preference.datasets import DatasetGenerator
+from jaxweight.preference.generators import AgentGenerator, HostGenerator
 from jaxweight.preference.ppo import PPOConfig
 from tests.contracts import assert_trees_close
 
