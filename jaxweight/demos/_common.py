@@ -59,6 +59,8 @@ __all__ = [
     "metrics_writer",
     "write_results",
     "provenance",
+    "replace_config",
+    "line_logger",
     "save_plot",
     "finish",
     "Timer",
@@ -330,6 +332,21 @@ class Timer:
 
 
 # --------------------------------------------------------------------------- optional extras
+
+def replace_config(parser: argparse.ArgumentParser, cfg: Any, overrides: dict) -> Any:
+    """``dataclasses.replace(cfg, **overrides)``; a value the config refuses is the parser's one-line error (exit 2)."""
+    import dataclasses
+
+    try:
+        return dataclasses.replace(cfg, **overrides)
+    except ValueError as e:
+        parser.error(str(e))
+
+
+def line_logger(args: argparse.Namespace) -> Callable[[str], None] | None:
+    """One flushed line per progress message, or ``None`` with ``--no-progress``."""
+    return None if args.no_progress else (lambda s: print(s, flush=True))
+
 
 def provenance() -> dict:
     """Where a result came from, for its JSON: ``{"command", "commit", "machine"}``.

@@ -300,12 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         over["arms"] = ARMS
     if a.arms is not None:
         over["arms"] = tuple(a.arms)
-    try:
-        cfg = dataclasses.replace(cfg, **over)
-    except ValueError as e:
-        p.error(str(e))
+    cfg = _common.replace_config(p, cfg, over)
     out = _common.out_dir(a)
-    log = None if a.no_progress else (lambda s: print(s, flush=True))
+    log = _common.line_logger(a)
     with _common.metrics_writer(a) as w:
         res = run(cfg, seed=a.seed, out=out, writer=w, progress=log)
     res.pop("_state", None)

@@ -487,12 +487,9 @@ def main(argv: list[str] | None = None) -> int:
         over["eval_every"] = over["chunk"] = a.eval_every
     if a.prompts is not None and a.sample_prompts is None:
         over["sample_prompts"] = max(cfg.sample_prompts * a.prompts // cfg.prompts, a.prompts)
-    try:
-        cfg = dataclasses.replace(cfg, **over)
-    except ValueError as e:
-        p.error(str(e))
+    cfg = _common.replace_config(p, cfg, over)
     out = _common.out_dir(a)
-    log = None if a.no_progress else (lambda s: print(s, flush=True))
+    log = _common.line_logger(a)
     with _common.metrics_writer(a, append=a.resume) as w:
         res = run(cfg, seed=a.seed, out=out, checkpoint=None if a.no_checkpoint else out / "checkpoint.jwc",
                   resume=a.resume, writer=w, progress=log)
