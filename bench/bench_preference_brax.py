@@ -105,6 +105,9 @@ def main(argv=None):
     ap.add_argument("--episodic", action="store_true",
                     help="brax's own episodes (reset on termination, as brax's PPO trains) instead of the "
                          "loop's fixed horizon with an absorbing end: checks PPO itself against brax's numbers")
+    ap.add_argument("--brax-obs", action="store_true",
+                    help="brax's own observations (exclude_current_positions_from_observation=True: no x position, "
+                         "as brax's PPO trains) instead of the seals-style ones that keep it")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
 
@@ -112,14 +115,15 @@ def main(argv=None):
     from jaxweight.preference.generators import AgentGenerator
     from jaxweight.preference.ppo import PPOConfig, PPOHParams
 
+    kw = {"exclude_current_positions_from_observation": True} if a.brax_obs else {}
     if a.episodic:
         from jaxweight.preference.brax_envs import BraxParams, make_brax
 
         family, _, name = a.env.partition(":")
         assert family == "brax", "--episodic is for brax ids"
-        env, p = _Episodic(make_brax(name, {})), BraxParams(a.horizon)
+        env, p = _Episodic(make_brax(name, kw)), BraxParams(a.horizon)
     else:
-        env, p = make_env(a.env, horizon=a.horizon)
+        env, p = make_env(a.env, horizon=a.horizon, **kw)
     cfg = PPOConfig(num_envs=a.num_envs, num_steps=a.num_steps, num_minibatches=a.minibatches,
                     update_epochs=a.epochs, hidden_sizes=tuple(a.hidden), normalize_observations=not a.no_obs_norm,
                     reward_scaling=a.reward_scaling, init_log_std=a.init_log_std,

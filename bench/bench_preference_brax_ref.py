@@ -48,6 +48,8 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=None, help="num_timesteps (default: brax's)")
     ap.add_argument("--evals", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--deterministic-eval", action="store_true",
+                    help="evaluate the policy's mode (brax's default evaluates the stochastic policy)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     warnings.simplefilter("ignore")
@@ -76,7 +78,7 @@ def main(argv=None):
                       "elapsed_s": time.perf_counter() - t0})
         print(json.dumps(curve[-1]), flush=True)
 
-    ppo.train(environment=env, progress_fn=progress, seed=a.seed, **cfg)
+    ppo.train(environment=env, progress_fn=progress, seed=a.seed, deterministic_eval=a.deterministic_eval, **cfg)
     res = {"env": a.env, "config": cfg, "curve": curve, "wall_s": time.perf_counter() - t0,
            "command": " ".join(sys.argv), "device": str(jax.devices()[0]),
            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, affinity {len(os.sched_getaffinity(0))}"}

@@ -46,8 +46,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import main, record  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common (imports jax: imported where used, so that
+# imitation's workers, here and in bench_preference_h2h_mujoco, run in environments without jax)
 
 MODULE = "preference_h2h"
 FULL = dict(total_timesteps=1_000_000, total_comparisons=2_000, num_iterations=10)
@@ -60,16 +60,38 @@ PPO = dict(n_envs=8, n_steps=64, minibatches=4, epochs=4, lr=1e-3, gamma=0.99, g
 EVAL_EPISODES = 8
 
 
-def peers_missing() -> list[str]:
-    """The peer packages that are not importable here."""
-    return [m for m in PEERS if importlib.util.find_spec(m) is None]
+#: the interpreter of imitation's side, if not this one (imitation 1.0.1 pins gymnasium 0.29, which an environment
+#: with brax may not have)
+PYTHON_VAR = "JAXWEIGHT_IMITATION_PYTHON"
+
+
+def imitation_python() -> str:
+    """The interpreter that runs imitation's side: ``$JAXWEIGHT_IMITATION_PYTHON`` or this one."""
+    return os.environ.get(PYTHON_VAR) or sys.executable
+
+
+def peers_missing(peers: tuple = PEERS) -> list[str]:
+    """The ``peers`` that :func:`imitation_python` cannot import."""
+    if imitation_python() == sys.executable:
+        return [m for m in peers if importlib.util.find_spec(m) is None]
+    probe = "import importlib.util as u, json; print(json.dumps([m for m in %r if u.find_spec(m) is None]))" % (peers,)
+    try:
+        r = subprocess.run([imitation_python(), "-c", probe], capture_output=True, text=True, timeout=120)
+        return json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else list(peers)
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return list(peers)
 
 
 # ------------------------------------------------------------ imitation's loop (fresh process)
-def _worker_imitation(sizes: dict, seed: int) -> dict:
-    import gymnasium as gym  # noqa: PLC0415
+def imitation_run(make, seed: int, *, total_timesteps: int, total_comparisons: int, num_iterations: int,
+                  fragment_length: int, members: int, hidden: tuple, use_action: bool, use_next_state: bool,
+                  reward_lr: float, ppo: dict, random_baseline: bool = False) -> dict:
+    """imitation's preference-comparisons loop with a stable-baselines3 PPO agent on ``make()`` environments, as
+    jaxweight's demo runs it (a bagged ensemble, the Bradley-Terry teacher with ``sample=False``, the hyperbolic
+    query schedule, PPO's learning rate annealed over the whole run); then its final true return over
+    ``EVAL_EPISODES`` episodes of the stochastic policy and, with ``random_baseline``, a uniformly random policy's.
+    Imports torch and imitation only (it runs in imitation's environment, which may have no jax)."""
     import numpy as np  # noqa: PLC0415
-    import seals  # noqa: PLC0415, F401 - registers seals/CartPole-v0
     import torch as th  # noqa: PLC0415
     from imitation.algorithms import preference_comparisons as pcmp  # noqa: PLC0415
     from imitation.rewards.reward_nets import AddSTDRewardWrapper, BasicRewardNet, RewardEnsemble  # noqa: PLC0415
@@ -80,63 +102,83 @@ def _worker_imitation(sizes: dict, seed: int) -> dict:
     t_start = time.perf_counter()
     rng = np.random.default_rng(seed)
     th.manual_seed(seed)
-
-    def make():
-        return gym.make("seals:seals/CartPole-v0", disable_env_checker=True)
-
-    venv = DummyVecEnv([make] * PPO["n_envs"])
+    venv = DummyVecEnv([make] * ppo["n_envs"])
     venv.seed(seed)
-    members = [BasicRewardNet(venv.observation_space, venv.action_space, use_state=True, use_action=False,
-                              use_next_state=False, use_done=False, hid_sizes=HIDDEN) for _ in range(MEMBERS)]
-    ensemble = RewardEnsemble(venv.observation_space, venv.action_space, members)
+    nets = [BasicRewardNet(venv.observation_space, venv.action_space, use_state=True, use_action=use_action,
+                           use_next_state=use_next_state, use_done=False, hid_sizes=hidden) for _ in range(members)]
+    ensemble = RewardEnsemble(venv.observation_space, venv.action_space, nets)
     agent_reward = AddSTDRewardWrapper(ensemble, default_alpha=0.0)
-    k = sizes["num_iterations"]
-    total = sizes["total_timesteps"]
-    agent_total = (k + 1) * (total // k) + total % k  # imitation trains the agent in K + 1 rounds
+    k = num_iterations
+    agent_total = (k + 1) * (total_timesteps // k) + total_timesteps % k  # imitation trains the agent in K + 1 rounds
     holder = {}
 
     def lr(_progress):  # annealed over the whole run, as jaxweight's PPOHParams(anneal_steps=...)
         done = holder["agent"].num_timesteps if "agent" in holder else 0
-        return PPO["lr"] * max(1.0 - done / agent_total, 0.0)
+        return ppo["lr"] * max(1.0 - done / agent_total, 0.0)
 
     agent = SB3PPO(
-        "MlpPolicy", venv, n_steps=PPO["n_steps"], batch_size=PPO["n_envs"] * PPO["n_steps"] // PPO["minibatches"],
-        n_epochs=PPO["epochs"], learning_rate=lr, gamma=PPO["gamma"], gae_lambda=PPO["gae_lambda"],
-        ent_coef=PPO["ent_coef"], clip_range=PPO["clip"], vf_coef=PPO["vf_coef"],
-        max_grad_norm=PPO["max_grad_norm"],
-        policy_kwargs=dict(net_arch=dict(pi=list(PPO["hidden"]), vf=list(PPO["hidden"])), activation_fn=th.nn.Tanh),
+        "MlpPolicy", venv, n_steps=ppo["n_steps"], batch_size=ppo["n_envs"] * ppo["n_steps"] // ppo["minibatches"],
+        n_epochs=ppo["epochs"], learning_rate=lr, gamma=ppo["gamma"], gae_lambda=ppo["gae_lambda"],
+        ent_coef=ppo["ent_coef"], clip_range=ppo["clip"], vf_coef=ppo["vf_coef"],
+        max_grad_norm=ppo["max_grad_norm"],
+        policy_kwargs=dict(net_arch=dict(pi=list(ppo["hidden"]), vf=list(ppo["hidden"])), activation_fn=th.nn.Tanh),
         seed=seed, device="cpu", verbose=0,
     )
     holder["agent"] = agent
     generator = pcmp.AgentTrainer(agent, agent_reward, venv, rng=rng, exploration_frac=0.0)
     model = pcmp.PreferenceModel(ensemble)
-    trainer = pcmp.EnsembleTrainer(model, pcmp.CrossEntropyRewardLoss(), rng=rng, batch_size=32, epochs=1, lr=1e-3)
+    trainer = pcmp.EnsembleTrainer(model, pcmp.CrossEntropyRewardLoss(), rng=rng, batch_size=32, epochs=1,
+                                   lr=reward_lr)
     loop = pcmp.PreferenceComparisons(
         generator, ensemble, num_iterations=k, fragmenter=pcmp.RandomFragmenter(warning_threshold=0, rng=rng),
         preference_gatherer=pcmp.SyntheticGatherer(sample=False, rng=rng), reward_trainer=trainer,
-        fragment_length=FRAGMENT_LENGTH, transition_oversampling=1, initial_comparison_frac=0.1,
+        fragment_length=fragment_length, transition_oversampling=1, initial_comparison_frac=0.1,
         initial_epoch_multiplier=200.0, allow_variable_horizon=False, query_schedule="hyperbolic",
     )
     marks = []
     t0 = time.perf_counter()
-    loop.train(total, sizes["total_comparisons"], callback=lambda i: marks.append(time.perf_counter() - t0))
+    loop.train(total_timesteps, total_comparisons, callback=lambda i: marks.append(time.perf_counter() - t0))
     train_s = time.perf_counter() - t0
     eval_env = DummyVecEnv([make])
     eval_env.seed(seed + 1000)
     returns, _ = evaluate_policy(agent, eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=False,
                                  return_episode_rewards=True)
-    return dict(train_s=train_s, setup_s=t0 - t_start, first_round_s=marks[0] if marks else None,
-                round_s=marks, final_return=float(np.mean(returns)), agent_steps=int(agent.num_timesteps),
-                torch=th.__version__)
+    out = dict(train_s=train_s, setup_s=t0 - t_start, first_round_s=marks[0] if marks else None, round_s=marks,
+               final_return=float(np.mean(returns)), agent_steps=int(agent.num_timesteps), torch=th.__version__)
+    if random_baseline:  # a uniformly random policy on the same environment
+        env, rand = make(), []
+        for ep in range(EVAL_EPISODES):
+            env.reset(seed=seed + 2000 + ep)
+            total, done = 0.0, False
+            while not done:
+                _, r, term, trunc, _ = env.step(env.action_space.sample())
+                total, done = total + float(r), term or trunc
+            rand.append(total)
+        out["random_return"] = float(np.mean(rand))
+    return out
+
+
+def _worker_imitation(sizes: dict, seed: int) -> dict:
+    import gymnasium as gym  # noqa: PLC0415
+    import seals  # noqa: PLC0415, F401 - registers seals/CartPole-v0
+
+    def make():
+        return gym.make("seals:seals/CartPole-v0", disable_env_checker=True)
+
+    return imitation_run(make, seed, **sizes, fragment_length=FRAGMENT_LENGTH, members=MEMBERS, hidden=HIDDEN,
+                         use_action=False, use_next_state=False, reward_lr=1e-3, ppo=PPO)
 
 
 # ------------------------------------------------------------ jaxweight's loop (fresh process)
-def _worker_jaxweight(sizes: dict, seeds: int) -> dict:
+def jaxweight_run(env: str, sizes: dict, seeds: int, random_baseline: bool = False) -> dict:
+    """jaxweight's loop, ``demo preferences`` settings of ``env`` with ``sizes`` (and ``quick``) for ``seeds``
+    vmapped seeds: wall time, per-round marks, the last round's true returns (and a random policy's)."""
+    import jax  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
 
     from jaxweight.demos import preferences as D  # noqa: PLC0415
 
-    s = D.settings("cartpole", seeds=seeds, **sizes)
+    s = D.settings(env, seeds=seeds, **sizes)
     t0 = time.perf_counter()
     pc = D.build(s)
     marks = []
@@ -144,16 +186,32 @@ def _worker_jaxweight(sizes: dict, seeds: int) -> dict:
              num_seeds=seeds)
     train_s = time.perf_counter() - t0
     gt = np.asarray(pc.history[-1]["gt_return"], np.float64)  # [seeds]: the last round's evaluation
-    return dict(train_s=train_s, first_round_s=marks[0], round_s=marks, final_return=float(np.nanmean(gt)),
-                final_returns=gt.tolist())
+    out = dict(train_s=train_s, first_round_s=marks[0], round_s=marks, final_return=float(np.nanmean(gt)),
+               final_returns=gt.tolist())
+    if random_baseline:
+        out["random_return"] = float(np.mean(D.random_return(pc, s, jax.random.key(9))))
+    return out
 
 
-def _worker(name: str, sizes: dict, n: int) -> None:
-    fn = {"imitation": _worker_imitation, "jaxweight": _worker_jaxweight}[name]
-    print(json.dumps(fn(sizes, n)))
+def _worker_jaxweight(sizes: dict, seeds: int) -> dict:
+    return jaxweight_run("cartpole", sizes, seeds)
 
 
-def _spawn(name: str, sizes: dict, n: int, cache: str | None, timeout: int = 7200) -> dict:
+def entry(workers: dict, run) -> None:
+    """The command line of a head-to-head script: ``--worker NAME SIZES N`` runs ``workers[NAME](SIZES, N)`` and
+    prints its JSON result (what :func:`spawn` reads); otherwise the bench (``--quick``, ``--json P``)."""
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        print(json.dumps(workers[sys.argv[2]](json.loads(sys.argv[3]), int(sys.argv[4]))))
+    else:
+        from _common import main  # noqa: PLC0415
+
+        main(run)
+
+
+def spawn(name: str, sizes: dict, n: int, cache: str | None, timeout: int = 7200, *, script: str | Path = __file__,
+          python: str = sys.executable) -> dict:
+    """Run ``script --worker name sizes n`` with ``python`` in a fresh process (JAX's persistent compilation cache
+    off, or in ``cache``); the worker's last stdout line is its JSON result."""
     env = dict(os.environ)
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     if cache is None:
@@ -161,7 +219,7 @@ def _spawn(name: str, sizes: dict, n: int, cache: str | None, timeout: int = 720
     else:
         env.update(JAX_ENABLE_COMPILATION_CACHE="true", JAX_COMPILATION_CACHE_DIR=cache,
                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-    r = subprocess.run([sys.executable, __file__, "--worker", name, json.dumps(sizes), str(n)], cwd=ROOT, env=env,
+    r = subprocess.run([python, str(script), "--worker", name, json.dumps(sizes), str(n)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
         raise RuntimeError(f"{name} worker failed:\n{r.stderr[-3000:]}")
@@ -170,6 +228,8 @@ def _spawn(name: str, sizes: dict, n: int, cache: str | None, timeout: int = 720
 
 # ----------------------------------------------------------------------- run
 def run(quick: bool = False) -> list[dict]:
+    from _common import record  # noqa: PLC0415
+
     sizes = QUICK if quick else FULL
     size = (f"cartpole, {sizes['total_timesteps']:.0e} steps, {sizes['total_comparisons']} comparisons, "
             f"{sizes['num_iterations'] + 1} rounds, L={FRAGMENT_LENGTH}, M={MEMBERS}")
@@ -177,13 +237,13 @@ def run(quick: bool = False) -> list[dict]:
     if missing:
         return [record(MODULE, "loop vs imitation + stable-baselines3", size, None, "skipped", None,
                        note=f"skipped: {', '.join(missing)} not importable (pip install imitation==1.0.1 "
-                            f"torch==2.13.0 to run this row)")]
+                            f"torch==2.13.0 here or in ${PYTHON_VAR} to run this row)")]
     judged = not quick
-    base = _spawn("imitation", sizes, 0, None)
-    one = _spawn("jaxweight", sizes, 1, None)
+    base = spawn("imitation", sizes, 0, None, python=imitation_python())
+    one = spawn("jaxweight", sizes, 1, None)
     with tempfile.TemporaryDirectory() as tmp:
-        cold = _spawn("jaxweight", sizes, 4, tmp)
-        warm = _spawn("jaxweight", sizes, 4, tmp)
+        cold = spawn("jaxweight", sizes, 4, tmp)
+        warm = spawn("jaxweight", sizes, 4, tmp)
     b = base["train_s"]
     ret = (f"final true return: imitation {base['final_return']:.1f}, jaxweight {{:.1f}} "
            f"(of 500; {EVAL_EPISODES} episodes per seed)")
@@ -199,7 +259,4 @@ def run(quick: bool = False) -> list[dict]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        _worker(sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]))
-    else:
-        main(run)
+    entry({"imitation": _worker_imitation, "jaxweight": _worker_jaxweight}, run)

@@ -38,8 +38,8 @@ DEMO_REQUIRES: dict[str, dict[str, str]] = {
     "preferences": {"gymnax": "rl"},
 }
 
-BENCH_MODULES = ("random_weighting", "curriculum", "maxent", "preference", "preference_loop", "preference_h2h", "sync",
-                 "lm")
+BENCH_MODULES = ("random_weighting", "curriculum", "maxent", "preference", "preference_loop", "preference_h2h",
+                 "preference_h2h_mujoco", "sync", "lm")
 
 USAGE = """\
 usage: python -m jaxweight demo [NAME] [demo options]   run a demo (default: {default})

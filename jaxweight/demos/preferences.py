@@ -128,6 +128,7 @@ class Settings:
     tanh_squash: bool = False
     init_log_std: float = 0.0
     state_dependent_std: bool = False
+    skip_obs: int = 0
 
 
 #: reward-model inputs of the gymnax ids whose reward needs more than (state, next state)
@@ -161,7 +162,9 @@ def _generic_base(env: str, quick: bool) -> dict:
     and four more of brax's PPO choices: no gradient clipping, a ratio clip
     of 0.3, the tanh-squashed Gaussian (on InvertedPendulum each of them
     helped 1.3-2x and they stack: ``bench/results/ppo-diag-*``) and a std
-    per state from the policy's output layer (about 3x faster again).
+    per state from the policy's output layer (about 3x faster again). The
+    agent does not see the positions the observation keeps for the reward
+    model (``skip_obs``: brax's own observation).
     """
     from jaxweight.preference.envs import make_env
     from gymnax.environments import spaces
@@ -177,6 +180,7 @@ def _generic_base(env: str, quick: bool) -> dict:
                     max_grad_norm=None, clip_eps=0.3, tanh_squash=True, state_dependent_std=True)
         base.update(BRAX_PPO.get(name, {}))
         base.update(BRAX_REWARD_INPUTS.get(name, {}))
+        base.update(skip_obs=getattr(e.inner, "positions", 0))  # the reward model sees the position, the agent brax's observation
         if quick:
             base.update(total_timesteps=min(base["total_timesteps"], 500_000), total_comparisons=600,
                         num_iterations=5, ppo_envs=256, ppo_steps=40, ppo_minibatches=8)
@@ -286,7 +290,7 @@ def build(s: Settings) -> PreferenceComparisons:
                          update_epochs=s.ppo_epochs, normalize_observations=s.normalize_observations,
                          reward_scaling=s.reward_scaling, absorbing_bootstrap=s.absorbing_bootstrap,
                          max_grad_norm=s.max_grad_norm, tanh_squash=s.tanh_squash, init_log_std=s.init_log_std,
-                         state_dependent_std=s.state_dependent_std),
+                         state_dependent_std=s.state_dependent_std, skip_obs=s.skip_obs),
         hparams=PPOHParams.create(learning_rate=s.learning_rate, gamma=s.gamma, ent_coef=s.ent_coef,
                                   clip_eps=s.clip_eps, anneal_steps=float(agent_steps)),
     )

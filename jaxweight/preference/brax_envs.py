@@ -18,7 +18,11 @@ seals MuJoCo suite:
   walker2d, ant, humanoid, swimmer...) keep the current x (and y) position in
   the observation (``False``, as seals does), so a reward model sees the
   forward progress the true reward pays for. Pass
-  ``exclude_current_positions_from_observation=True`` to get brax's own;
+  ``exclude_current_positions_from_observation=True`` to get brax's own.
+  :attr:`BraxEnv.positions` says how many leading entries those are, so an
+  agent can leave them out (``PPOConfig.skip_obs``; the demo does): a policy
+  that sees an ever-growing position learns far slower (HalfCheetah on a
+  GPU: ``bench/results/gpu-h200-2026-11-27-ppo-brax-halfcheetah-*.json``);
 - actions are ``f32[action_size]`` in ``[-1, 1]`` (brax scales them to the
   actuators' ranges); the reward is brax's ``State.reward``.
 
@@ -97,12 +101,18 @@ class BraxEnv(environment.Environment):
     Args:
       env: a brax ``Env`` (``brax.envs.get_environment(name)``).
       name: its registry name (for messages).
+      positions: how many leading observation entries are the current position
+        that brax drops by default and this observation keeps (seals-style; 1
+        for halfcheetah, hopper, walker2d: x; 2 for ant: x, y), else 0. An agent
+        can leave them out (:attr:`PPOConfig.skip_obs
+        <jaxweight.preference.ppo.PPOConfig.skip_obs>`) while a reward model sees them.
     """
 
-    def __init__(self, env: Any, name: str):
+    def __init__(self, env: Any, name: str, positions: int = 0):
         super().__init__()
         self.brax_env = env
         self.brax_name = name
+        self.positions = int(positions)
         with _quiet():  # observation_size traces a reset
             self.obs_size = int(env.observation_size)
             self.action_size = int(env.action_size)
@@ -167,4 +177,9 @@ def make_brax(name: str, kwargs: dict) -> BraxEnv:
             env = envs.get_environment(name, **kwargs)
     except TypeError as e:
         raise ValueError(f"brax:{name} does not take the arguments {sorted(kwargs)}: {e}") from None
-    return BraxEnv(env, name)
+    positions = 0
+    if takes_positions and not kwargs[_POSITIONS]:  # how many entries brax's own observation drops
+        with _quiet():
+            own = envs.get_environment(name, **{**kwargs, _POSITIONS: True})
+            positions = int(env.observation_size) - int(own.observation_size)
+    return BraxEnv(env, name, positions)

@@ -201,9 +201,15 @@ class AgentGenerator:
             self._high = jnp.asarray(self.action_space.high, jnp.float32)
         self.obs_shape = tuple(env.observation_space(env_params).shape)
         vh = None if cfg.value_hidden_sizes is None else tuple(int(h) for h in cfg.value_hidden_sizes)
+        skip = cfg.skip_obs
+        if isinstance(skip, bool) or not isinstance(skip, (int, np.integer)) or skip < 0 or (
+                skip and (len(self.obs_shape) != 1 or skip >= self.obs_shape[0])):
+            raise ValueError(f"PPOConfig.skip_obs must be an int in [0, D) for vector observations f32[D] "
+                             f"(these have shape {self.obs_shape}), got {skip!r}")
+        skip = int(skip)
         self.network = ActorCritic(self.action_dim, self.discrete, tuple(cfg.hidden_sizes), cfg.activation,
                                    float(cfg.init_log_std), vh, float(cfg.policy_head_scale),
-                                   bool(cfg.state_dependent_std))
+                                   bool(cfg.state_dependent_std), skip)
         clip = () if cfg.max_grad_norm is None else (optax.clip_by_global_norm(cfg.max_grad_norm),)
         self.tx = optax.chain(*clip, optax.scale_by_adam(eps=1e-5))
         # Static facts for the loop's variable-horizon check: environments that declare
@@ -232,6 +238,8 @@ class AgentGenerator:
             fp["ppo/tanh_squash"] = True
         if self.config.state_dependent_std and not self.discrete:
             fp["ppo/state_dependent_std"] = True
+        if self.config.skip_obs:
+            fp["ppo/skip_obs"] = int(self.config.skip_obs)
         if self.config.policy_head_scale != 0.01:
             fp["ppo/policy_head_scale"] = float(self.config.policy_head_scale)
         if self.config.value_hidden_sizes is not None:

@@ -97,6 +97,14 @@ class PPOConfig:
         output layer (0.01 by default, purejaxrl's; brax's PPO initialises it
         like its hidden layers, lecun-uniform, so its initial means are ~100x
         larger).
+      skip_obs: the actor and the critic see ``obs[..., skip_obs:]`` (0: all of
+        it; the observation normaliser still keeps statistics of every entry).
+        For observations whose first entries are the current position, kept
+        for a reward model (seals-style brax ids, :attr:`BraxEnv.positions
+        <jaxweight.preference.brax_envs.BraxEnv.positions>`): the agent then
+        sees brax's own observation. A position grows without bound over an
+        episode, so a policy that sees it meets normalised inputs it never saw
+        as the body moves on.
     """
 
     num_envs: int = struct.field(pytree_node=False, default=16)
@@ -114,6 +122,7 @@ class PPOConfig:
     value_hidden_sizes: tuple | None = struct.field(pytree_node=False, default=None)
     policy_head_scale: float = struct.field(pytree_node=False, default=0.01)
     state_dependent_std: bool = struct.field(pytree_node=False, default=False)
+    skip_obs: int = struct.field(pytree_node=False, default=0)
 
     @property
     def batch_size(self) -> int:
@@ -228,6 +237,7 @@ class ActorCritic(nn.Module):
     ``out`` are logits (discrete) or the Gaussian mean (continuous; a
     state-independent ``log_std`` parameter, or with ``state_dependent_std``
     ``log(softplus(raw) + 0.001)`` from the same output layer; zeros for discrete).
+    Both networks read ``obs[..., skip_obs:]``.
     """
 
     action_dim: int
@@ -238,11 +248,13 @@ class ActorCritic(nn.Module):
     value_hidden_sizes: Sequence[int] | None = None
     policy_head_scale: float = 0.01
     state_dependent_std: bool = False
+    skip_obs: int = 0
 
     @nn.compact
     def __call__(self, obs):
         act = getattr(nn, self.activation)
         ortho = orthogonal
+        obs = obs[..., self.skip_obs:]
         x = obs
         for h in self.hidden_sizes:
             x = act(nn.Dense(h, kernel_init=ortho(np.sqrt(2)), bias_init=nn.initializers.zeros)(x))

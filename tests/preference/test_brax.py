@@ -33,7 +33,9 @@ def test_names_and_errors():
 def test_positions_stay_in_the_observation_as_seals():
     seals, _ = make_env("brax:halfcheetah", horizon=H)
     assert seals.obs_shape == (18,)  # brax's own halfcheetah observation has 17 values: + the x position
-    assert seals.env_id == "brax:halfcheetah"
+    assert seals.env_id == "brax:halfcheetah" and seals.inner.positions == 1
+    own, _ = make_env("brax:halfcheetah", horizon=H, exclude_current_positions_from_observation=True)
+    assert own.obs_shape == (17,) and own.inner.positions == 0
     env, p = make_env("brax:inverted_pendulum")
     assert env.horizon == 1000 and p.max_steps_in_episode == 1000  # brax's episode_length, seals' horizon
     assert isinstance(env.inner, BraxEnv) and env.action_space(p).shape == (1,)
@@ -82,6 +84,7 @@ def test_demo_settings_for_brax_ids():
     hc = demo.settings("brax:halfcheetah")  # brax's halfcheetah: unroll 20 x 8, minibatches of 10,240, 8 epochs
     assert (hc.gamma, hc.reward_scaling, hc.ppo_epochs, hc.ppo_envs * hc.ppo_steps // hc.ppo_minibatches) == (
         0.95, 1.0, 8, 10240)
+    assert hc.skip_obs == 1 and ip.skip_obs == 0  # the agent sees brax's observation, the reward model the x too
 
 
 def test_preference_loop_on_a_short_brax_horizon():

@@ -153,3 +153,24 @@ def test_state_dependent_std_is_brax_softplus_scale_and_trains():
     np.testing.assert_allclose(np.asarray(ent), np.sum(0.5 + 0.5 * np.log(2 * np.pi) + np.log(sd), -1), rtol=1e-5)
     s = jax.jit(lambda s, k: gen.train(s, k, 2 * gen.config.batch_size))(s, jax.random.key(2))
     assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(s.ppo.params))
+
+
+def test_skip_obs_hides_the_leading_entries_from_actor_and_critic():
+    """PPOConfig.skip_obs: the networks read obs[..., k:] (the first-layer kernels have D - k rows), so the
+    leading entries change nothing; training runs; recorded only when set; bad values raise."""
+    env, p = make_env("pendulum")  # obs f32[3]
+    assert "ppo/skip_obs" not in AgentGenerator(env, p, config=PPOConfig(**TINY)).fingerprint()
+    gen = AgentGenerator(env, p, config=PPOConfig(**TINY, skip_obs=1, normalize_observations=True))
+    assert gen.fingerprint()["ppo/skip_obs"] == 1
+    s = gen.init(jax.random.key(0))
+    kernels = [v["kernel"] for v in s.ppo.params["params"].values() if isinstance(v, dict) and "kernel" in v]
+    assert sorted(k.shape[0] for k in kernels)[:2] == [2, 2]  # the first layers of actor and critic
+    obs = jax.random.normal(jax.random.key(1), (5, 3))
+    moved = obs.at[:, 0].add(1e3)
+    for a, b in zip(gen.network.apply(s.ppo.params, obs), gen.network.apply(s.ppo.params, moved)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    s = jax.jit(lambda s, k: gen.train(s, k, 2 * gen.config.batch_size))(s, jax.random.key(2))
+    assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(s.ppo.params))
+    for bad in (-1, 3, 1.5, True):
+        with pytest.raises(ValueError, match=r"PPOConfig.skip_obs must be an int in \[0, D\)"):
+            AgentGenerator(env, p, config=PPOConfig(**TINY, skip_obs=bad))
