@@ -180,7 +180,7 @@ def _generic_base(env: str, quick: bool) -> dict:
                     max_grad_norm=None, clip_eps=0.3, tanh_squash=True, state_dependent_std=True)
         base.update(BRAX_PPO.get(name, {}))
         base.update(BRAX_REWARD_INPUTS.get(name, {}))
-        base.update(skip_obs=getattr(e.inner, "positions", 0))  # the reward model sees the position, the agent brax's observation
+        base.update(skip_obs=e.inner.positions)  # the reward model sees the positions, the agent brax's observation
         if quick:
             base.update(total_timesteps=min(base["total_timesteps"], 500_000), total_comparisons=600,
                         num_iterations=5, ppo_envs=256, ppo_steps=40, ppo_minibatches=8)
