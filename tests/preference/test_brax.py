@@ -2,6 +2,8 @@
 may skip): the fixed-horizon wrapping with an absorbing end, seals' observations, clear errors, the
 continuous-control PPO (observation normalisation, reward scaling) and one tiny loop on a short horizon."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -85,6 +87,42 @@ def test_demo_settings_for_brax_ids():
     assert (hc.gamma, hc.reward_scaling, hc.ppo_epochs, hc.ppo_envs * hc.ppo_steps // hc.ppo_minibatches) == (
         0.95, 1.0, 8, 10240)
     assert hc.skip_obs == 1 and ip.skip_obs == 0  # the agent sees brax's observation, the reward model the x too
+    assert hc.reward_mirror is ip.reward_mirror is r.reward_mirror is None  # a mirror only where the table has one
+
+
+@pytest.mark.filterwarnings("ignore:Accessing `:DeprecationWarning")  # mujoco's, while brax's own step is traced
+def test_the_demos_reward_mirror_is_a_symmetry_of_the_brax_task():
+    """From the mirrored state (every joint negated) with negated actions, brax's observations are the
+    mirror table times the originals and its rewards are equal: the symmetry the reward model is given holds."""
+    from jaxweight.demos import preferences as demo
+
+    assert sorted(demo.BRAX_REWARD_MIRROR) == ["inverted_double_pendulum"]
+    name = "inverted_double_pendulum"
+    m = jnp.asarray(demo.BRAX_REWARD_MIRROR[name])
+    ours = make_env(f"brax:{name}", horizon=H)[0]
+    assert ours.obs_shape == m.shape and ours.inner.positions == 0  # brax's observation, as the table's
+    env = ours.inner.brax_env
+    acts = jax.random.uniform(jax.random.key(1), (H, 1), minval=-1.0, maxval=1.0)
+
+    @jax.jit
+    def roll(state, sign):
+        def step(s, a):
+            s2 = env.step(s, sign * a)
+            return s2, (s2.obs, s2.reward)
+
+        return jax.lax.scan(step, state, acts)[1]
+
+    st = env.reset(jax.random.key(0))
+    mirrored = st.replace(pipeline_state=env.pipeline_init(-st.pipeline_state.q, -st.pipeline_state.qd),
+                          obs=m * st.obs)
+    (o, r), (om, rm) = roll(st, 1.0), roll(mirrored, -1.0)
+    assert float(jnp.max(jnp.abs(o))) > 0.05  # it moved
+    np.testing.assert_allclose(om, m * o, atol=1e-4)
+    np.testing.assert_allclose(rm, r, atol=1e-4)
+    idp = demo.settings(f"brax:{name}", quick=True)
+    assert idp.reward_mirror == tuple(m.tolist())
+    net = demo.build(dataclasses.replace(idp, horizon=H, fragment_length=4)).reward_module
+    assert isinstance(net, pf.envs.MirroredReward) and net.obs_sign == idp.reward_mirror
 
 
 def test_preference_loop_on_a_short_brax_horizon():

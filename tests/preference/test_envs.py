@@ -14,6 +14,7 @@ from jaxweight.preference.envs import (
     FixedHorizonPendulum,
     LearnedRewardEnv,
     LearnedRewardParams,
+    MirroredReward,
     env_step,
     make_env,
     oracle_reward,
@@ -213,3 +214,29 @@ def test_env_step_adapter_folds_both_gymnax_signatures():
 
     with pytest.raises(ValueError, match="returned 3 values"):
         env_step(Weird(), None, None, None)
+
+
+def test_mirrored_reward_is_exactly_symmetric_and_refuses_bad_mirrors():
+    env, p = make_env("pendulum")  # observation (cos, sin, angular velocity): the mirror keeps cos
+    mirror = (1.0, -1.0, -1.0)
+    net = reward_net(env, p, use_action=True, use_next_state=True, mirror=mirror)
+    assert isinstance(net, MirroredReward) and net.obs_sign == mirror
+    s, s2 = jax.random.normal(jax.random.key(0), (2, 6, 3))
+    a = jax.random.normal(jax.random.key(1), (6, 1))
+    d = jnp.zeros(6, bool)
+    params = net.init(jax.random.key(2), s, a, s2, d)
+    plain = reward_net(env, p, use_action=True, use_next_state=True)
+    inner_params = {"params": params["params"]["net"]}  # the inner net's params, one copy
+    assert jax.tree.structure(inner_params) == jax.tree.structure(plain.init(jax.random.key(2), s, a, s2, d))
+    m = jnp.asarray(mirror)
+    r = net.apply(params, s, a, s2, d)
+    np.testing.assert_allclose(net.apply(params, s * m, -a, s2 * m, d), r, rtol=1e-6, atol=1e-6)
+    # it is the inner net averaged over the state and its mirror image
+    inner = plain.apply(inner_params, s, a, s2, d) + plain.apply(inner_params, s * m, -a, s2 * m, d)
+    np.testing.assert_allclose(r, inner / 2, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(plain.apply(inner_params, s, a, s2, d), r)  # the inner net alone is not symmetric
+    for bad in [(1.0, -1.0), (1.0, 0.5, -1.0), "abc", ((1.0, -1.0, -1.0),)]:
+        with pytest.raises(ValueError, match="mirror must be"):
+            reward_net(env, p, mirror=bad)
+    with pytest.raises(ValueError, match="continuous actions"):
+        reward_net(make_env("cartpole")[0], mirror=(-1.0,) * 4)
