@@ -108,6 +108,9 @@ def main(argv=None):
     ap.add_argument("--brax-obs", action="store_true",
                     help="brax's own observations (exclude_current_positions_from_observation=True: no x position, "
                          "as brax's PPO trains) instead of the seals-style ones that keep it")
+    ap.add_argument("--gae-per-minibatch", action="store_true",
+                    help="PPOConfig.gae_per_minibatch (brax's PPO: whole unrolls per minibatch, advantages recomputed "
+                         "with the current critic before every gradient step)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
 
@@ -130,7 +133,7 @@ def main(argv=None):
                     absorbing_bootstrap=a.absorbing_bootstrap, max_grad_norm=a.max_grad_norm, tanh_squash=a.tanh_squash,
                     value_hidden_sizes=None if a.value_hidden is None else tuple(a.value_hidden),
                     activation=a.activation, policy_head_scale=a.policy_head_scale,
-                    state_dependent_std=a.state_std)
+                    state_dependent_std=a.state_std, gae_per_minibatch=a.gae_per_minibatch)
     hp = PPOHParams.create(learning_rate=a.lr, gamma=a.gamma, ent_coef=a.ent, clip_eps=a.clip_eps, anneal_steps=0.0)
     gen = AgentGenerator(env, p, config=cfg, hparams=hp)
     chunk = -(-a.steps // a.evals)

@@ -36,7 +36,7 @@ from .data import Trajectories
 from .envs import LearnedRewardEnv, LearnedRewardParams, LearnedRewardState, env_step, make_env
 from .fixed_horizon import FixedHorizon
 from .ppo import (ActorCritic, PPOConfig, PPOHParams, PPOState, Transition, _log_prob_entropy, _sample_action, gae,
-                  obs_norm_apply, obs_norm_init, obs_norm_update, ppo_loss)
+                  obs_norm_apply, obs_norm_init, obs_norm_update, ppo_loss, ppo_loss_fresh_gae)
 
 __all__ = [
     "TrajectoryGenerator",
@@ -186,6 +186,9 @@ class AgentGenerator:
             raise ValueError(f"config.normalize_observations must be a bool, got {cfg.normalize_observations!r}")
         if not all(isinstance(h, int | np.integer) and h >= 1 for h in cfg.hidden_sizes):
             raise ValueError(f"config.hidden_sizes must be ints >= 1, got {cfg.hidden_sizes!r}")
+        if cfg.gae_per_minibatch and cfg.num_envs % cfg.num_minibatches:
+            raise ValueError(f"config.gae_per_minibatch takes whole unrolls per minibatch: num_envs "
+                             f"({cfg.num_envs}) must be a multiple of config.num_minibatches ({cfg.num_minibatches})")
         if cfg.batch_size % cfg.num_minibatches:
             raise ValueError(
                 f"num_envs * num_steps ({cfg.batch_size}) must be a multiple of config.num_minibatches "
@@ -240,6 +243,8 @@ class AgentGenerator:
             fp["ppo/state_dependent_std"] = True
         if self.config.skip_obs:
             fp["ppo/skip_obs"] = int(self.config.skip_obs)
+        if self.config.gae_per_minibatch:
+            fp["ppo/gae_per_minibatch"] = True
         if self.config.policy_head_scale != 0.01:
             fp["ppo/policy_head_scale"] = float(self.config.policy_head_scale)
         if self.config.value_hidden_sizes is not None:
@@ -418,13 +423,19 @@ class AgentGenerator:
         norm = ppo.obs_norm
         if norm is not None:  # brax's order: the rollout's observations join the statistics before the update
             norm = obs_norm_update(norm, traj.obs)
-        _, _, last_value = self.network.apply(ppo.params, obs_norm_apply(norm, obs))
-        adv, targets = gae(traj, last_value, hp)
         n = cfg.batch_size
-        flat = jax.tree.map(lambda x: x.reshape((n,) + x.shape[2:]), (traj, adv, targets))
+        fresh = cfg.gae_per_minibatch  # Python branch: off, the program is the one of before
+        if fresh:  # env-major whole unrolls [E, T] and the observations after them [E]
+            flat = (jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), traj), obs)
+            rows = cfg.num_envs
+        else:
+            _, _, last_value = self.network.apply(ppo.params, obs_norm_apply(norm, obs))
+            adv, targets = gae(traj, last_value, hp)
+            flat = jax.tree.map(lambda x: x.reshape((n,) + x.shape[2:]), (traj, adv, targets))
+            rows = n
 
         def epoch(carry, k):
-            perm = jax.random.permutation(k, n)
+            perm = jax.random.permutation(k, rows)
             mbs = jax.tree.map(
                 lambda x: jnp.take(x, perm, axis=0).reshape((cfg.num_minibatches, -1) + x.shape[1:]), flat
             )
@@ -437,9 +448,15 @@ class AgentGenerator:
                 if squash:  # a key per minibatch for the entropy's reparameterised sample
                     mb, i = mb
                     tk = jax.random.fold_in(k, i)
-                batch, a, t = mb
-                grads = jax.grad(ppo_loss, argnums=2)(self.network, self.discrete, params, batch, a, t, hp, norm,
-                                                      tk)
+                if fresh:
+                    unrolls, last_obs = mb
+                    batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), unrolls)  # back to [T, e]
+                    grads = jax.grad(ppo_loss_fresh_gae, argnums=2)(self.network, self.discrete, params, batch,
+                                                                    last_obs, hp, norm, tk)
+                else:
+                    batch, a, t = mb
+                    grads = jax.grad(ppo_loss, argnums=2)(self.network, self.discrete, params, batch, a, t, hp,
+                                                          norm, tk)
                 updates, opt_state = self.tx.update(grads, opt_state, params)
                 params = jax.tree.map(lambda p, u: p - lr * u, params, updates)
                 return (params, opt_state), None

@@ -105,6 +105,12 @@ class PPOConfig:
         sees brax's own observation. A position grows without bound over an
         episode, so a policy that sees it meets normalised inputs it never saw
         as the body moves on.
+      gae_per_minibatch: brax's PPO: minibatches are whole unrolls (``num_envs /
+        num_minibatches`` environments x ``num_steps`` steps each) and every
+        minibatch recomputes its advantages and value targets with the current
+        critic before its gradient step, instead of once per update with the
+        rollout's critic. Off by default (needs ``num_envs`` to be a multiple
+        of ``num_minibatches``).
     """
 
     num_envs: int = struct.field(pytree_node=False, default=16)
@@ -123,6 +129,7 @@ class PPOConfig:
     policy_head_scale: float = struct.field(pytree_node=False, default=0.01)
     state_dependent_std: bool = struct.field(pytree_node=False, default=False)
     skip_obs: int = struct.field(pytree_node=False, default=0)
+    gae_per_minibatch: bool = struct.field(pytree_node=False, default=False)
 
     @property
     def batch_size(self) -> int:
@@ -395,6 +402,18 @@ def gae(traj: Transition, last_value: Array, hp: PPOHParams) -> tuple[Array, Arr
 
     _, adv = jax.lax.scan(f, (jnp.zeros_like(last_value), last_value), traj, reverse=True)
     return adv, adv + traj.value
+
+
+def ppo_loss_fresh_gae(network: nn.Module, discrete: bool, params: Any, traj: Transition, last_obs: Array,
+                       hp: PPOHParams, obs_norm: ObsNorm | None = None, tanh_key: Array | None = None) -> Array:
+    """:func:`ppo_loss` of a ``[T, e]`` slice of whole unrolls, its advantages and value targets recomputed
+    with ``params``' critic (no gradient through them; brax's PPO). ``last_obs`` ``[e, ...]``: the
+    observations after the last step (bootstrap values)."""
+    _, _, value = network.apply(params, obs_norm_apply(obs_norm, traj.obs))
+    _, _, last_value = network.apply(params, obs_norm_apply(obs_norm, last_obs))
+    adv, targets = gae(traj.replace(value=jax.lax.stop_gradient(value)), jax.lax.stop_gradient(last_value), hp)
+    flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), (traj, adv, targets))
+    return ppo_loss(network, discrete, params, *flat, hp, obs_norm, tanh_key)
 
 
 def _tanh_log_det_jacobian(u: Array) -> Array:

@@ -77,6 +77,7 @@ def test_demo_settings_for_brax_ids():
     assert (r.gamma, r.ent_coef, r.ppo_envs * r.ppo_steps // r.ppo_minibatches) == (0.95, 1e-3, 5120)
     ip = demo.settings("brax:inverted_pendulum", quick=True)
     assert ip.reward_scaling == 10.0 and ip.fragment_length <= 1000 and not ip.use_action
+    assert not ip.use_next_state and not demo.settings("brax:inverted_double_pendulum").use_next_state  # the state
     assert demo.file_tag("brax:inverted_pendulum") == "brax-inverted_pendulum"
     # brax's PPO choices (no gradient clipping, ratio clip 0.3, tanh-squashed Gaussian, std per state) reach the agent
     assert (ip.max_grad_norm, ip.clip_eps, ip.tanh_squash, ip.state_dependent_std) == (None, 0.3, True, True)

@@ -174,3 +174,32 @@ def test_skip_obs_hides_the_leading_entries_from_actor_and_critic():
     for bad in (-1, 3, 1.5, True):
         with pytest.raises(ValueError, match=r"PPOConfig.skip_obs must be an int in \[0, D\)"):
             AgentGenerator(env, p, config=PPOConfig(**TINY, skip_obs=bad))
+
+
+def test_gae_per_minibatch_recomputes_advantages_with_the_current_critic():
+    """PPOConfig.gae_per_minibatch (brax's PPO): with one minibatch and one epoch the single gradient step
+    sees the rollout's own critic, so it is the step of the default path (the same transitions, in another
+    order); with more steps the two differ (the critic moves between them). Recorded only when set;
+    num_envs must split into whole unrolls."""
+    env, p = make_env("pendulum")
+    one = dict(TINY, num_minibatches=1, update_epochs=1)
+    plain = AgentGenerator(env, p, config=PPOConfig(**one))
+    fresh = AgentGenerator(env, p, config=PPOConfig(**one, gae_per_minibatch=True))
+    assert "ppo/gae_per_minibatch" not in plain.fingerprint() and fresh.fingerprint()["ppo/gae_per_minibatch"]
+    s = plain.init(jax.random.key(0))
+    key = jax.random.key(1)
+    a = jax.jit(lambda s: plain.train(s, key, plain.config.batch_size))(s)
+    b = jax.jit(lambda s: fresh.train(s, key, fresh.config.batch_size))(s)
+    moved = [float(jnp.max(jnp.abs(x - y)))
+             for x, y in zip(jax.tree.leaves(a.ppo.params), jax.tree.leaves(s.ppo.params))]
+    assert max(moved) > 1e-4  # the step changed the params
+    for x, y in zip(jax.tree.leaves(a.ppo.params), jax.tree.leaves(b.ppo.params)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-6)
+    many = dict(TINY, num_minibatches=2, update_epochs=3)
+    c = jax.jit(lambda s: AgentGenerator(env, p, config=PPOConfig(**many)).train(s, key, 32))(s)
+    d = jax.jit(lambda s: AgentGenerator(env, p, config=PPOConfig(**many, gae_per_minibatch=True)).train(s, key, 32))(s)
+    assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(d.ppo.params))
+    assert not all(np.allclose(x, y) for x, y in zip(jax.tree.leaves(c.ppo.params), jax.tree.leaves(d.ppo.params)))
+    with pytest.raises(ValueError, match=r"gae_per_minibatch takes whole unrolls per minibatch: num_envs \(4\) must "
+                                         r"be a multiple of config.num_minibatches \(8\)"):
+        AgentGenerator(env, p, config=PPOConfig(**dict(TINY, num_minibatches=8), gae_per_minibatch=True))
