@@ -88,7 +88,8 @@ _LAZY = {
     "datasets": ("DatasetGenerator", "DatasetState", "take_steps"),
     "ppo": ("PPOConfig", "PPOHParams", "PPOState", "ActorCritic"),
     "envs": ("FixedHorizonCartPole", "FixedHorizonPendulum", "LearnedRewardEnv", "LearnedRewardParams",
-             "LearnedRewardState", "SquashedObsReward", "MirroredReward", "make_env", "oracle_reward", "reward_net", "env_step"),
+             "LearnedRewardState", "SquashedObsReward", "MirroredReward", "make_env", "oracle_reward", "reward_net",
+             "env_step"),
     "fixed_horizon": ("FixedHorizon", "FixedHorizonParams", "FixedHorizonState"),
 }
 

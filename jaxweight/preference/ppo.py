@@ -35,7 +35,7 @@ from flax import struct
 from .._util import check_value
 
 __all__ = ["PPOConfig", "PPOHParams", "PPOState", "ActorCritic", "Transition", "ObsNorm", "orthogonal", "gae",
-           "ppo_loss", "obs_norm_init", "obs_norm_update", "obs_norm_apply"]
+           "ppo_loss", "ppo_loss_fresh_gae", "obs_norm_init", "obs_norm_update", "obs_norm_apply"]
 
 Array = jax.Array
 
