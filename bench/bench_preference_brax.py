@@ -1,4 +1,4 @@
-"""PPO on the TRUE reward of a brax task at a fixed horizon (seals-style, absorbing), the check of the loop's agent.
+"""PPO or SAC on the TRUE reward of a brax task at a fixed horizon (seals-style, absorbing), the check of the loop's agents.
 
 Runs :class:`~jaxweight.preference.generators.AgentGenerator` with ``reward_apply=None`` (the environment's own
 reward) for ``--steps`` environment steps on ``--seeds`` seeds in one vmapped program, evaluating the stochastic
@@ -6,6 +6,12 @@ and the greedy policy every ``--evals`` chunk, and a uniformly random policy onc
 published PPO settings for inverted_pendulum (brax/training/agents/ppo; its training config: 2e6 steps,
 reward_scaling 10, normalize_observations, discounting 0.97, learning_rate 3e-4, entropy_cost 1e-2, 2048 envs,
 unroll 5 x 16 per env and 32 minibatches per update, 4 epochs).
+
+``--agent sac`` runs :class:`~jaxweight.preference.sac.SACGenerator` instead (the ``--sac-*`` flags; defaults
+Stable-Baselines3's SAC settings with 16 environments and one gradient step per transition, learning rate 3e-4,
+discount 0.99, no observation statistics, reward scaling 1; of the other flags it takes ``--env``, ``--horizon``,
+``--steps``, ``--evals``, ``--seeds``, ``--brax-obs``, ``--absorbing-bootstrap`` and ``--episodic``; the curve
+records the temperature instead of the std).
 
 Run ``python bench/bench_preference_brax.py --env brax:inverted_pendulum --steps 2000000 --out FILE.json``.
 """
@@ -66,9 +72,11 @@ def _Episodic(inner):
 
 def _mean_std(gen, state):
     """The policy's (pre-squash) std per action: the parameter, or with a state-dependent std its mean over the
-    training environments' current observations."""
+    training environments' current observations; SAC: its temperature alpha."""
     from jaxweight.preference.ppo import obs_norm_apply
 
+    if hasattr(state, "log_alpha"):
+        return jnp.exp(state.log_alpha)[None]
     _, log_std, _ = gen.network.apply(state.ppo.params, obs_norm_apply(state.ppo.obs_norm, state.ppo.obs))
     return jnp.exp(log_std).reshape(-1, log_std.shape[-1]).mean(0)
 
@@ -111,6 +119,17 @@ def main(argv=None):
     ap.add_argument("--gae-per-minibatch", action="store_true",
                     help="PPOConfig.gae_per_minibatch (brax's PPO: whole unrolls per minibatch, advantages recomputed "
                          "with the current critic before every gradient step)")
+    ap.add_argument("--agent", choices=("ppo", "sac"), default="ppo")
+    ap.add_argument("--sac-envs", type=int, default=16)
+    ap.add_argument("--sac-updates-per-step", type=int, default=16)
+    ap.add_argument("--sac-batch", type=int, default=256)
+    ap.add_argument("--sac-buffer", type=int, default=1_000_000)
+    ap.add_argument("--sac-learning-starts", type=int, default=10_000)
+    ap.add_argument("--sac-hidden", type=int, nargs="+", default=[256, 256])
+    ap.add_argument("--sac-lr", type=float, default=3e-4)
+    ap.add_argument("--sac-gamma", type=float, default=0.99)
+    ap.add_argument("--sac-reward-scaling", type=float, default=1.0)
+    ap.add_argument("--sac-obs-norm", action="store_true", help="SACConfig.normalize_observations")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
 
@@ -136,6 +155,15 @@ def main(argv=None):
                     state_dependent_std=a.state_std, gae_per_minibatch=a.gae_per_minibatch)
     hp = PPOHParams.create(learning_rate=a.lr, gamma=a.gamma, ent_coef=a.ent, clip_eps=a.clip_eps, anneal_steps=0.0)
     gen = AgentGenerator(env, p, config=cfg, hparams=hp)
+    if a.agent == "sac":
+        from jaxweight.preference.sac import SACConfig, SACGenerator, SACHParams
+
+        gen = SACGenerator(env, p, config=SACConfig(
+            num_envs=a.sac_envs, buffer_size=a.sac_buffer, batch_size=a.sac_batch,
+            updates_per_step=a.sac_updates_per_step, learning_starts=a.sac_learning_starts,
+            hidden_sizes=tuple(a.sac_hidden), normalize_observations=a.sac_obs_norm,
+            reward_scaling=a.sac_reward_scaling, absorbing_bootstrap=a.absorbing_bootstrap),
+            hparams=SACHParams.create(learning_rate=a.sac_lr, gamma=a.sac_gamma))
     chunk = -(-a.steps // a.evals)
 
     def train_chunk(state, key):

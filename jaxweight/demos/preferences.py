@@ -18,6 +18,11 @@ al. 2017), on gymnax environments built in (no download):
   horizon 1000, absorbing after termination, with brax's PPO settings
   (observation normalisation, reward scaling, 2048 environments).
 
+``--agent sac`` trains SAC instead of PPO on the ``gymnax:`` and ``brax:`` ids
+with continuous actions (:class:`~jaxweight.preference.sac.SACGenerator`,
+PEBBLE's agent: a replay buffer relabelled with every new reward model;
+:data:`SAC_SETTINGS`), and the true-reward baseline is SAC too.
+
 For several seeds at once (``jax.vmap``; the same four compiled programs every round) the
 loop asks a synthetic teacher to compare short fragments of the agent's
 episodes, fits an ensemble of reward nets to the answers and trains PPO on
@@ -50,12 +55,14 @@ the page hears OK; ``--resume`` after a kill goes on from the last finished
 round and reuses the labels already given for the next one.
 
 Run ``python -m jaxweight demo preferences [--quick] [--resume] [--out DIR]
-[--env cartpole|pendulum|gymnax:<id>|brax:<name>] [--teacher synthetic|human] [--port P] [--seeds N] [--rounds K]
-[--comparisons N] [--timesteps N] [--fragment-length L] [--members M] [--reward-lr X] [--ppo-lr X]
+[--env cartpole|pendulum|gymnax:<id>|brax:<name>] [--agent ppo|sac] [--teacher synthetic|human] [--port P]
+[--seeds N] [--rounds K]
+[--comparisons N] [--timesteps N] [--fragment-length L] [--members M] [--reward-lr X] [--agent-lr X]
 [--strict] [--tensorboard DIR]`` (``--help`` lists every flag). Outputs go under ``--out`` (default
 ``jaxweight-out/preferences/``): ``metrics.jsonl`` (one line per round,
 ``preference/...`` keys), ``<env>.json`` (results), ``<env>.png`` (plot) and
-the checkpoints (``<env>`` with ``:`` written ``-``: ``gymnax-Acrobot-v1.json``). Compilation and running are timed apart.
+the checkpoints (``<env>`` with ``:`` written ``-``, and ``_sac`` after it with SAC:
+``gymnax-Acrobot-v1.json``, ``brax-halfcheetah_sac.json``). Compilation and running are timed apart.
 """
 
 from __future__ import annotations
@@ -130,6 +137,13 @@ class Settings:
     state_dependent_std: bool = False
     skip_obs: int = 0
     reward_mirror: tuple[float, ...] | None = None
+    agent: str = "ppo"
+    sac_envs: int = 16
+    sac_buffer: int = 1_000_000
+    sac_batch: int = 256
+    sac_updates_per_step: int = 16
+    sac_learning_starts: int = 10_000
+    sac_hidden: tuple[int, ...] = (256, 256)
 
 
 #: reward-model inputs of the gymnax ids whose reward needs more than (state, next state)
@@ -146,6 +160,15 @@ BRAX_REWARD_INPUTS = {"reacher": dict(use_action=True), "inverted_pendulum": dic
 BRAX_REWARD_MIRROR = {
     "inverted_double_pendulum": (-1.0, -1.0, -1.0, 1.0, 1.0, -1.0, -1.0, -1.0),
 }
+#: the agents of ``--agent``: the loop's PPO, or SAC (:class:`~jaxweight.preference.sac.SACGenerator`, continuous
+#: actions only; PEBBLE's agent, whose replay buffer is relabelled with every new reward model)
+AGENTS = ("ppo", "sac")
+#: SAC's settings (Stable-Baselines3's: buffer 1e6, batch 256, lr 3e-4, gamma 0.99, 10,000 random steps first,
+#: (256, 256) relu networks; 16 vmapped environments, each step followed by 16 gradient steps: one per
+#: transition) and its smaller budget: SAC learns from far fewer steps than PPO, and each costs a gradient step
+SAC_SETTINGS = dict(total_timesteps=300_000, learning_rate=3e-4, gamma=0.99, reward_scaling=1.0,
+                    normalize_observations=False, sac_envs=16, sac_buffer=1_000_000, sac_batch=256,
+                    sac_updates_per_step=16, sac_learning_starts=10_000)
 #: brax's published PPO settings per task (brax/training/agents/ppo training configs), the rest as inverted_pendulum's
 BRAX_PPO = {
     "inverted_pendulum": dict(total_timesteps=2_000_000, reward_scaling=10.0, gamma=0.97, learning_rate=3e-4,
@@ -158,7 +181,7 @@ BRAX_PPO = {
 }
 
 
-def _generic_base(env: str, quick: bool) -> dict:
+def _generic_base(env: str, quick: bool, agent: str = "ppo") -> dict:
     """Settings of a ``"gymnax:<id>"`` or ``"brax:<name>"`` id (builds the environment to see its action space).
 
     gymnax, discrete actions: the cartpole settings; continuous: the pendulum
@@ -181,6 +204,9 @@ def _generic_base(env: str, quick: bool) -> dict:
     :class:`~jaxweight.preference.envs.MirroredReward`). On
     InvertedDoublePendulum the two lifted the normalised score from 0.15 to
     0.40 (mirror) and on to 0.78 (state alone; 4 seeds, and 0.43 on 4 more).
+
+    ``agent="sac"``: :data:`SAC_SETTINGS` over these (continuous actions only;
+    quick: 60,000 steps).
     """
     from jaxweight.preference.envs import make_env
     from gymnax.environments import spaces
@@ -188,6 +214,9 @@ def _generic_base(env: str, quick: bool) -> dict:
     family, _, name = env.partition(":")
     e, p = make_env(env)  # an unknown id or a missing extra: make_env's error
     discrete = isinstance(e.action_space(p), spaces.Discrete)
+    if agent == "sac" and discrete:
+        raise ValueError(f"agent 'sac' needs continuous actions; {env} has {e.action_space(p).n} discrete ones "
+                         f"(use the default agent, ppo)")
     if family == "brax":
         base = dict(total_timesteps=2_000_000, total_comparisons=2_000, num_iterations=10, fragment_length=50,
                     num_members=3, ppo_envs=512, ppo_steps=80, ppo_minibatches=8, ppo_epochs=4,
@@ -201,6 +230,8 @@ def _generic_base(env: str, quick: bool) -> dict:
         if quick:
             base.update(total_timesteps=min(base["total_timesteps"], 500_000), total_comparisons=600,
                         num_iterations=5, ppo_envs=256, ppo_steps=40, ppo_minibatches=8)
+        if agent == "sac":
+            base.update(SAC_SETTINGS, total_timesteps=60_000 if quick else SAC_SETTINGS["total_timesteps"])
         return base
     if discrete:
         base = dict(total_timesteps=1_000_000, total_comparisons=2_000, num_iterations=10, fragment_length=20,
@@ -213,11 +244,13 @@ def _generic_base(env: str, quick: bool) -> dict:
     base.update(use_next_state=True, **GYMNAX_REWARD_INPUTS.get(name, {}))
     if quick:
         base.update(total_timesteps=base["total_timesteps"] // 3, total_comparisons=600, num_iterations=5)
+    if agent == "sac":
+        base.update(SAC_SETTINGS, total_timesteps=60_000 if quick else SAC_SETTINGS["total_timesteps"])
     return base
 
 
 def settings(env: str = "cartpole", quick: bool = False, seeds: int | None = None, teacher: str = "synthetic",
-             **overrides: Any) -> Settings:
+             agent: str = "ppo", **overrides: Any) -> Settings:
     """The demo's settings for ``env`` (``"cartpole"``, ``"pendulum"``, ``"gymnax:<id>"``, ``"brax:<name>"``).
 
     ``"gymnax:<id>"`` and ``"brax:<name>"`` get generic settings
@@ -241,14 +274,23 @@ def settings(env: str = "cartpole", quick: bool = False, seeds: int | None = Non
     pairs tie and teach nothing. 150 comparisons over 11 rounds, 10 to 19 a
     round, reached 500 in none of 2 seeds.)
 
+    ``agent``: ``"ppo"`` (default) or ``"sac"`` (:data:`SAC_SETTINGS`; the
+    ``"gymnax:"`` and ``"brax:"`` ids with continuous actions).
+
     ``overrides`` replace fields of the result (``total_timesteps``,
     ``total_comparisons``, ``num_iterations``, ``fragment_length``,
     ``num_members``, ``learning_rate`` (PPO), ``reward_learning_rate``, ...);
     ``None`` values are ignored.
 
     Raises:
-      ValueError: an unknown env, teacher or setting; ``seeds < 1``; ``seeds > 1`` with a human teacher.
+      ValueError: an unknown env, teacher, agent or setting; ``seeds < 1``; ``seeds > 1`` with a human
+        teacher; ``agent="sac"`` on discrete actions or a built-in env.
     """
+    if agent not in AGENTS:
+        raise ValueError(f"agent must be one of {list(AGENTS)}, got {agent!r}")
+    if agent == "sac" and env in ("cartpole", "pendulum"):
+        raise ValueError(f"agent 'sac' runs on the 'gymnax:<id>' and 'brax:<name>' ids with continuous actions, "
+                         f"not the built-in {env!r} (e.g. gymnax:Pendulum-v1)")
     if env == "cartpole":
         base = dict(total_timesteps=1_000_000, total_comparisons=2_000, num_iterations=10, fragment_length=20,
                     num_members=3, ppo_envs=8, ppo_steps=64, ppo_minibatches=4, ppo_epochs=4, learning_rate=1e-3,
@@ -264,7 +306,7 @@ def settings(env: str = "cartpole", quick: bool = False, seeds: int | None = Non
         if quick:
             base.update(total_timesteps=200_000, total_comparisons=600, num_iterations=5)
     elif isinstance(env, str) and env.partition(":")[0] in ("gymnax", "brax") and ":" in env:
-        base = _generic_base(env, quick)
+        base = _generic_base(env, quick, agent)
     else:
         raise ValueError(f"env must be 'cartpole', 'pendulum', 'gymnax:<id>' or 'brax:<name>', got {env!r}")
     if teacher not in TEACHERS:
@@ -277,16 +319,16 @@ def settings(env: str = "cartpole", quick: bool = False, seeds: int | None = Non
         raise ValueError(f"seeds must be >= 1, got {seeds}")
     if human and n > 1:
         raise ValueError(f"a person labels one run: --teacher human takes one seed, got --seeds {n}")
-    fields = {f.name for f in dataclasses.fields(Settings)} - {"env", "quick", "seeds", "teacher"}
+    fields = {f.name for f in dataclasses.fields(Settings)} - {"env", "quick", "seeds", "teacher", "agent"}
     unknown = set(overrides) - fields
     if unknown:
         raise ValueError(f"unknown settings {sorted(unknown)}; expected some of {sorted(fields)}")
     base.update({k: v for k, v in overrides.items() if v is not None})
-    return Settings(env=env, quick=quick, seeds=n, teacher=teacher, **base)
+    return Settings(env=env, quick=quick, seeds=n, teacher=teacher, agent=agent, **base)
 
 
 def build(s: Settings) -> PreferenceComparisons:
-    """The :class:`PreferenceComparisons` loop of the settings (PPO anneals its rate over the run).
+    """The :class:`PreferenceComparisons` loop of the settings (PPO anneals its rate over the run; SAC keeps it).
 
     Raises:
       ValueError: settings the loop refuses (e.g. fragments longer than the episodes).
@@ -302,16 +344,28 @@ def build(s: Settings) -> PreferenceComparisons:
     k = s.num_iterations
     tpi, extra = divmod(s.total_timesteps, k)
     agent_steps = (k + 1) * tpi + extra  # imitation trains the agent in K + 1 rounds
-    gen = AgentGenerator(
-        env, env_params,
-        config=PPOConfig(num_envs=s.ppo_envs, num_steps=s.ppo_steps, num_minibatches=s.ppo_minibatches,
-                         update_epochs=s.ppo_epochs, normalize_observations=s.normalize_observations,
-                         reward_scaling=s.reward_scaling, absorbing_bootstrap=s.absorbing_bootstrap,
-                         max_grad_norm=s.max_grad_norm, tanh_squash=s.tanh_squash, init_log_std=s.init_log_std,
-                         state_dependent_std=s.state_dependent_std, skip_obs=s.skip_obs),
-        hparams=PPOHParams.create(learning_rate=s.learning_rate, gamma=s.gamma, ent_coef=s.ent_coef,
-                                  clip_eps=s.clip_eps, anneal_steps=float(agent_steps)),
-    )
+    if s.agent == "sac":
+        from jaxweight.preference.sac import SACConfig, SACGenerator, SACHParams
+
+        gen = SACGenerator(
+            env, env_params,
+            config=SACConfig(num_envs=s.sac_envs, buffer_size=s.sac_buffer, batch_size=s.sac_batch,
+                             updates_per_step=s.sac_updates_per_step, learning_starts=s.sac_learning_starts,
+                             hidden_sizes=tuple(s.sac_hidden), normalize_observations=s.normalize_observations,
+                             reward_scaling=s.reward_scaling, absorbing_bootstrap=s.absorbing_bootstrap,
+                             skip_obs=s.skip_obs),
+            hparams=SACHParams.create(learning_rate=s.learning_rate, gamma=s.gamma))
+    else:
+        gen = AgentGenerator(
+            env, env_params,
+            config=PPOConfig(num_envs=s.ppo_envs, num_steps=s.ppo_steps, num_minibatches=s.ppo_minibatches,
+                             update_epochs=s.ppo_epochs, normalize_observations=s.normalize_observations,
+                             reward_scaling=s.reward_scaling, absorbing_bootstrap=s.absorbing_bootstrap,
+                             max_grad_norm=s.max_grad_norm, tanh_squash=s.tanh_squash, init_log_std=s.init_log_std,
+                             state_dependent_std=s.state_dependent_std, skip_obs=s.skip_obs),
+            hparams=PPOHParams.create(learning_rate=s.learning_rate, gamma=s.gamma, ent_coef=s.ent_coef,
+                                      clip_eps=s.clip_eps, anneal_steps=float(agent_steps)),
+        )
     trainer = RewardTrainer(net, num_members=s.num_members, learning_rate=s.reward_learning_rate)
     return PreferenceComparisons(
         gen, net, num_iterations=k, fragment_length=s.fragment_length, reward_trainer=trainer,
@@ -354,7 +408,7 @@ def evaluate(pc, s: Settings, key: Any) -> dict[str, np.ndarray]:
 
 
 def true_reward_baseline(pc, s: Settings, key: Any, agent_steps: int) -> np.ndarray:
-    """Final returns ``[seeds]`` of the same PPO trained on the environment's true reward for ``agent_steps``."""
+    """Final returns ``[seeds]`` of the same agent (PPO or SAC) trained on the true reward for ``agent_steps``."""
     gen = pc.generator.with_reward(None)
 
     def one(k):
@@ -393,6 +447,13 @@ def random_return(pc, s: Settings, key: Any) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- reporting
+def agent_name(res_or_settings: dict) -> str:
+    """``"PPO"`` or ``"SAC"``: the agent of a results dict (or of its ``settings``); runs before ``agent``
+    existed were PPO's."""
+    s = res_or_settings.get("settings", res_or_settings)
+    return str(s.get("agent", "ppo")).upper()
+
+
 def _mean_std(x) -> tuple[float, float]:
     x = np.asarray(x, np.float64)
     return float(np.mean(x)), float(np.std(x, ddof=1)) if x.size > 1 else 0.0
@@ -403,8 +464,9 @@ def format_table(res: dict) -> str:
     f = res["final"]
     base = res.get("baseline_return")
     cols = ["seed", "true return", "greedy", "held-out acc", "decided", "pearson", "train acc"]
+    name = agent_name(res)
     if base is not None:
-        cols.append("PPO on true r")
+        cols.append(f"{name} on true r")
     w = [5, 14, 8, 13, 8, 11, 10, 14]
     lines = ["  ".join(c.rjust(n) for c, n in zip(cols, w)), "-" * (sum(w[:len(cols)]) + 2 * (len(cols) - 1))]
     train_acc = np.asarray(res["history"][-1]["reward_accuracy"], np.float64).reshape(-1)
@@ -430,7 +492,7 @@ def format_table(res: dict) -> str:
     lines.append(textwrap.fill("true return / greedy: ground-truth return of the agent trained on the learned reward only "
                  "(sampled / greedy actions); held-out acc: reward ensemble vs the noiseless teacher on fresh "
                  "pairs, ties left out (decided = pairs counted); pearson: learned vs true reward per transition"
-                 + ("; PPO on true r: same PPO, same steps, on the true reward" if base is not None else "")
+                 + (f"; {name} on true r: same {name}, same steps, on the true reward" if base is not None else "")
                  + "; +- is the std across seeds", width=100))
     return "\n".join(lines)
 
@@ -462,7 +524,8 @@ def make_figure(plt: Any, res: dict) -> Any:
     ax[0].fill_between(steps, gt.min(1), gt.max(1), color="tab:blue", alpha=0.12, label="min-max over seeds")
     if res.get("baseline_return") is not None:
         b = float(np.mean(res["baseline_return"]))
-        ax[0].axhline(b, color="tab:green", ls="--", label=f"PPO on the true reward, same steps ({b:.0f})")
+        ax[0].axhline(b, color="tab:green", ls="--",
+                      label=f"{agent_name(res)} on the true reward, same steps ({b:.0f})")
     if res["settings"]["env"] in GOAL_RETURN:
         ax[0].axhline(GOAL_RETURN[res["settings"]["env"]], color="k", ls=":", lw=1, label="goal")
     ax[0].set_xlabel("agent steps (thousands)")
@@ -580,7 +643,7 @@ def human_teacher(s: Settings, log_path: str | os.PathLike, *, port: int = 0, pr
 def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, out: str | os.PathLike | None = None,
         resume: bool = False, progress: bool = True, baseline: bool | None = None, seed: int = 0, *,
         tensorboard: str | os.PathLike | None = None, resume_override: bool = False,
-        log: Any = print, teacher: str = "synthetic", port: int = 0, **overrides: Any) -> dict:
+        log: Any = print, teacher: str = "synthetic", port: int = 0, agent: str = "ppo", **overrides: Any) -> dict:
     """Run the demo; returns the results dict (also written to ``out/<env>[_quick].json`` with a PNG plot).
 
     Args:
@@ -590,8 +653,8 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
       out: output folder (checkpoints, ``metrics.jsonl``, JSON, plot); ``None`` writes nothing.
       resume: continue from the checkpoint in ``out`` if there is one.
       progress: show the progress bar.
-      baseline: also train PPO on the true reward with the same number of agent steps
-        (default: yes, except for ``quick`` runs).
+      baseline: also train the agent (PPO or SAC) on the true reward with the same number of
+        agent steps (default: yes, except for ``quick`` runs).
       seed: the run's key.
       tensorboard: also write TensorBoard event files there (needs tensorboardX).
       resume_override: resume even if settings differ from the checkpoint's (the
@@ -600,6 +663,7 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
       teacher: ``"synthetic"`` or ``"human"`` (a person on the labelling page;
         needs ``out`` for the label log ``out/checkpoints/<tag>/labels.jsonl``).
       port: the labelling page's port with ``teacher="human"`` (0: any free one).
+      agent: ``"ppo"`` or ``"sac"`` (see :func:`settings`).
       **overrides: settings fields (see :func:`settings`).
 
     Raises:
@@ -608,12 +672,12 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
       jaxweight.StateFileError: a damaged checkpoint or label log with ``resume``.
     """
     t0 = time.perf_counter()
-    s = settings(env, quick, seeds, teacher, **overrides)
+    s = settings(env, quick, seeds, teacher, agent, **overrides)
     human = s.teacher == "human"
     if human and out is None:
         raise ValueError("--teacher human needs an output folder (out=...) to keep the label log in")
     pc = build(s)
-    tag = file_tag(env, quick)
+    tag = file_tag(env, quick, s.agent)
     ckpt = None if out is None else Path(out) / "checkpoints" / tag
     plan = pc.plan(s.total_timesteps, s.total_comparisons)
     per_round = f" ({min(plan.schedule)} to {max(plan.schedule)} a round)" if human else ""
@@ -679,7 +743,7 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
         final = evaluate(pc, s, jax.random.fold_in(jax.random.key(seed), 1))
         base = None
         if baseline:
-            log(f"[preferences] PPO on the true reward, {sum(plan.agent_steps):,} steps per seed ...")
+            log(f"[preferences] {s.agent.upper()} on the true reward, {sum(plan.agent_steps):,} steps per seed ...")
             base = true_reward_baseline(pc, s, jax.random.fold_in(jax.random.key(seed), 2), sum(plan.agent_steps))
         # the random policy's return for the id environments (the built-in runs stay what they were)
         rnd = None if env in GOAL_RETURN or env == "pendulum" else random_return(
@@ -713,9 +777,10 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
     return res
 
 
-def file_tag(env: str, quick: bool = False) -> str:
-    """The name of a run's files and checkpoint folder: ``env`` with ``:`` as ``-``, ``_quick`` when quick."""
-    tag = env.replace(":", "-").replace("/", "-")
+def file_tag(env: str, quick: bool = False, agent: str = "ppo") -> str:
+    """The name of a run's files and checkpoint folder: ``env`` with ``:`` as ``-``, ``_sac`` with SAC,
+    ``_quick`` when quick."""
+    tag = env.replace(":", "-").replace("/", "-") + ("" if agent == "ppo" else f"_{agent}")
     return f"{tag}_quick" if quick else tag
 
 
@@ -735,7 +800,7 @@ def report(res: dict) -> str:
     lines = ["", format_table(res), ""]
     score = normalised_score(res)
     if score is not None:
-        lines.append(f"  normalised score (learned - random) / (PPO on true r - random): "
+        lines.append(f"  normalised score (learned - random) / ({agent_name(res)} on true r - random): "
                      f"{', '.join(f'{x:.2f}' for x in score)} (mean {np.mean(score):.2f}); random policy "
                      f"{np.mean(res['random_return']):.1f}")
     load = res.get("load_avg")
@@ -761,6 +826,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--env", default="cartpole", metavar="ENV",
                     help="cartpole (default), pendulum, gymnax:<id> (any gymnax environment, e.g. gymnax:Acrobot-v1) "
                          "or brax:<name> (e.g. brax:inverted_pendulum; needs pip install 'jaxweight[brax]')")
+    ap.add_argument("--agent", default="ppo", choices=AGENTS,
+                    help="the agent trained on the learned reward (and on the true one for the baseline): ppo "
+                         "(default) or sac (gymnax:/brax: ids with continuous actions; 3e5 steps by default)")
     ap.add_argument("--teacher", default="synthetic", choices=TEACHERS,
                     help="who compares the fragments: the synthetic teacher (default) or a person on a labelling "
                          "page whose URL is printed (needs pip install 'jaxweight[label]'; one seed, 16 rounds, "
@@ -781,11 +849,12 @@ def parser() -> argparse.ArgumentParser:
                     help="reward ensemble size, >= 2 (default 3)")
     ap.add_argument("--reward-lr", type=C.positive_float, default=None, metavar="X",
                     help="reward-model learning rate (default 1e-3)")
-    ap.add_argument("--ppo-lr", type=C.positive_float, default=None, metavar="X",
-                    help="PPO learning rate (default 1e-3)")
+    ap.add_argument("--agent-lr", type=C.positive_float, default=None, metavar="X",
+                    help="the agent's learning rate, PPO's or SAC's (default 1e-3; brax ids and SAC 3e-4)")
     ap.add_argument("--baseline", dest="baseline", action="store_true", default=None,
-                    help="train PPO on the true reward with the same steps (default: on, off with --quick)")
-    ap.add_argument("--no-baseline", dest="baseline", action="store_false", help="skip PPO on the true reward")
+                    help="train the agent on the true reward with the same steps (default: on, off with --quick)")
+    ap.add_argument("--no-baseline", dest="baseline", action="store_false",
+                    help="skip the agent on the true reward")
     return ap
 
 
@@ -810,12 +879,12 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(C.extra_message("--teacher human", missing, "label"))
     overrides = dict(num_iterations=args.rounds, total_comparisons=args.comparisons,
                      total_timesteps=args.timesteps, fragment_length=args.fragment_length,
-                     num_members=args.members, reward_learning_rate=args.reward_lr, learning_rate=args.ppo_lr)
+                     num_members=args.members, reward_learning_rate=args.reward_lr, learning_rate=args.agent_lr)
     try:
         res = run(args.env, quick=args.quick, seeds=args.seeds, out=args.out, resume=args.resume,
                   progress=not args.no_progress, baseline=args.baseline, seed=args.seed,
                   tensorboard=args.tensorboard, resume_override=args.resume_override, teacher=args.teacher,
-                  port=args.port or 0, **overrides)
+                  port=args.port or 0, agent=args.agent, **overrides)
     except StateFileError as e:  # a damaged or foreign checkpoint or label log
         return _fail(str(e).splitlines()[0])
     except (ValueError, ImportError) as e:  # settings the loop refuses, a checkpoint of other settings, an

@@ -8,7 +8,7 @@ Three components of one shape (``config`` / ``init`` / ``step`` /
 ``metrics_dict``): :mod:`.buffer` (FIFO of comparisons), :mod:`.training` (the
 reward trainer; ``epoch`` is its epoch driver, :class:`RewardTrainer` the host
 wrapper) and :mod:`.loop` (one round per ``step``; the host driver with resume
-is ``driver.PreferenceComparisons``). Generators, PPO and environments need
+is ``driver.PreferenceComparisons``). Generators (PPO's and SAC's) and environments need
 gymnax (the ``rl`` extra) and load on first use.
 
 Example::
@@ -84,9 +84,10 @@ _LAZY = {
              "MEASURED_BY"),
     "driver": ("PreferenceComparisons", "tqdm_progress"),
     "evaluation": ("predicted_rewards", "reward_correlation", "preference_accuracy"),
-    "generators": ("AgentGenerator", "AgentState", "HostGenerator", "TrajectoryGenerator"),
+    "generators": ("AgentGenerator", "AgentState", "HostGenerator", "TrajectoryGenerator", "EpisodeSampler"),
     "datasets": ("DatasetGenerator", "DatasetState", "take_steps"),
     "ppo": ("PPOConfig", "PPOHParams", "PPOState", "ActorCritic"),
+    "sac": ("SACGenerator", "SACConfig", "SACHParams", "SACState"),
     "envs": ("FixedHorizonCartPole", "FixedHorizonPendulum", "LearnedRewardEnv", "LearnedRewardParams",
              "LearnedRewardState", "SquashedObsReward", "MirroredReward", "make_env", "oracle_reward", "reward_net",
              "env_step"),

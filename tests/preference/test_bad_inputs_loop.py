@@ -313,7 +313,7 @@ CLI_CASES = [
     (["--fragment-length", "0"], "argument --fragment-length"),
     (["--members", "1"], "argument --members: must be an integer >= 2"),
     (["--reward-lr", "-1"], "argument --reward-lr: must be a number > 0.0"),
-    (["--ppo-lr", "nan"], "argument --ppo-lr: must be a finite number"),
+    (["--agent-lr", "nan"], "argument --agent-lr: must be a finite number"),
     (["--seed", "-1"], "argument --seed"),
     (["--resume-override"], "--resume-override needs --resume"),
 ]

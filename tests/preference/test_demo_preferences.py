@@ -49,7 +49,7 @@ def test_cli_dispatches_to_the_demo(capsys):
     out = capsys.readouterr().out
     assert "--resume" in out and "--env ENV" in out and "gymnax:<id>" in out and "--seeds" in out
     for flag in ("--rounds", "--comparisons", "--timesteps", "--fragment-length", "--members", "--reward-lr",
-                 "--ppo-lr", "--strict", "--tensorboard", "--resume-override", "--out"):
+                 "--agent-lr", "--agent", "--strict", "--tensorboard", "--resume-override", "--out"):
         assert flag in out, flag
     assert "jaxweight-out/preferences/" in out
 

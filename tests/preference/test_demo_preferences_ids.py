@@ -67,3 +67,52 @@ def test_tiny_run_on_a_gymnax_id(tmp_path):
     assert saved["commit"] is None or len(saved["commit"].split()[0]) == 40
     fake = {"final": {"return": [30.0]}, "baseline_return": [50.0], "random_return": [10.0]}
     np.testing.assert_allclose(demo.normalised_score(fake), [0.5])
+
+
+def test_agent_sac_settings_build_and_errors():
+    """``--agent sac``: SAC's settings over the id's, a SACGenerator in the loop, its own file tag; refused on
+    discrete actions, on the built-in envs and as an unknown name, one clear error each."""
+    from jaxweight.preference.sac import SACGenerator
+
+    s = demo.settings("gymnax:MountainCarContinuous-v0", agent="sac")
+    assert s.agent == "sac" and s.total_timesteps == demo.SAC_SETTINGS["total_timesteps"]
+    assert (s.learning_rate, s.gamma, s.sac_batch) == (3e-4, 0.99, 256) and s.use_action  # the id's reward inputs
+    assert demo.settings("gymnax:MountainCarContinuous-v0", quick=True, agent="sac").total_timesteps == 60_000
+    pc = demo.build(demo.settings("gymnax:MountainCarContinuous-v0", agent="sac", sac_buffer=4_096, horizon=50))
+    gen = pc.generator
+    assert isinstance(gen, SACGenerator) and gen.reward_apply is not None
+    assert (gen.config.buffer_size, gen.config.num_envs, gen.config.updates_per_step) == (4_096, 16, 16)
+    assert float(pc.config_for(1_000, 100).agent_hparams.gamma) == np.float32(0.99)
+    assert demo.file_tag("brax:halfcheetah", agent="sac") == "brax-halfcheetah_sac"
+    assert demo.file_tag("brax:halfcheetah", True, "sac") == "brax-halfcheetah_sac_quick"
+    assert demo.settings("gymnax:MountainCarContinuous-v0").agent == "ppo"  # PPO stays the default
+    with pytest.raises(ValueError, match="agent 'sac' needs continuous actions; gymnax:Acrobot-v1 has 3"):
+        demo.settings("gymnax:Acrobot-v1", agent="sac")
+    with pytest.raises(ValueError, match="not the built-in 'pendulum'"):
+        demo.settings("pendulum", agent="sac")
+    with pytest.raises(ValueError, match=r"agent must be one of \['ppo', 'sac'\], got 'td3'"):
+        demo.settings("gymnax:Pendulum-v1", agent="td3")
+
+
+def test_agent_flag_is_checked_by_argparse(capsys):
+    with pytest.raises(SystemExit) as e:
+        demo.main(["--agent", "td3", "--no-progress"])
+    assert e.value.code == 2 and "argument --agent: invalid choice: 'td3'" in capsys.readouterr().err
+    assert demo.main(["--env", "gymnax:Acrobot-v1", "--agent", "sac", "--no-progress"]) == 2
+    assert "agent 'sac' needs continuous actions" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_tiny_sac_run_on_a_gymnax_id(tmp_path):
+    """``--agent sac`` end to end at tiny sizes: the results file says which agent and the returns are
+    Pendulum's (in [-16.3 H, 0]); a report with a baseline names SAC's."""
+    res = demo.run("gymnax:Pendulum-v1", quick=True, seeds=1, out=tmp_path, progress=False, baseline=False,
+                   log=lambda *_: None, agent="sac", horizon=20, total_timesteps=640, total_comparisons=40,
+                   num_iterations=1, fragment_length=5, heldout_steps=100, heldout_pairs=50, final_episodes=2,
+                   eval_episodes=2, sac_buffer=1_024, sac_learning_starts=64, sac_hidden=(16, 16))
+    saved = json.loads((tmp_path / "gymnax-Pendulum-v1_sac_quick.json").read_text())
+    assert saved["settings"]["agent"] == "sac" and saved["settings"]["sac_hidden"] == [16, 16]
+    for r in (saved["final"]["return"][0], saved["random_return"][0]):
+        assert -16.3 * 20 <= r <= 0.0
+    text = demo.report(dict(res, baseline_return=np.array([-50.0])))
+    assert "SAC on true r" in text and "(SAC on true r - random)" in text
