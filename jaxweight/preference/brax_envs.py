@@ -129,6 +129,9 @@ class BraxEnv(environment.Environment):
     def step_env(self, key, state, action, params):
         del key
         a = jnp.reshape(jnp.asarray(action, jnp.float32), (self.action_size,))
+        # brax's envs update state.metrics in place (and hopper's and walker2d's put a Python float there):
+        # step a copy, so that the caller's state stays as it was
+        state = state.replace(metrics=dict(state.metrics), info=dict(state.info))
         with _quiet():
             state = self.brax_env.step(state, a)
         terminated = jnp.reshape(state.done, ()) > 0.5

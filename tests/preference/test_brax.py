@@ -68,6 +68,19 @@ def test_inverted_pendulum_absorbs_after_it_tips_over():
     assert abs(obs[first - 1][1]) > 0.2                                  # brax's done: the pole past 0.2 rad
 
 
+def test_a_step_leaves_the_callers_state_as_it_was():
+    """brax's hopper updates ``state.metrics`` in place, with a Python float when it is healthy: the wrapper steps
+    a copy, so the state passed in is unchanged and the next step (the absorbing select) sees arrays only."""
+    env, p = make_env("brax:hopper", horizon=H)
+    _, s0 = env.reset_env(jax.random.key(0), p)
+    before = jax.tree.map(np.asarray, s0.env_state.metrics)
+    _, s1, _, _, _ = env.step_env(jax.random.key(1), s0, jnp.ones(3), p)
+    assert jax.tree.map(np.asarray, s0.env_state.metrics) == before
+    assert all(isinstance(v, jax.Array) for v in jax.tree.leaves(s0.env_state))
+    _, s2, r, _, _ = env.step_env(jax.random.key(2), s1, jnp.ones(3), p)  # the step after: its state was a step's
+    assert np.isfinite(float(r)) and int(s2.time) == 2
+
+
 def test_demo_settings_for_brax_ids():
     from jaxweight.demos import preferences as demo
 
@@ -89,6 +102,15 @@ def test_demo_settings_for_brax_ids():
         0.95, 1.0, 8, 10240)
     assert hc.skip_obs == 1 and ip.skip_obs == 0  # the agent sees brax's observation, the reward model the x too
     assert hc.reward_mirror is ip.reward_mirror is r.reward_mirror is None  # a mirror only where the table has one
+    # --agent sac: SAC's settings over the task's (reward inputs, skip_obs, mirror), its budget, quick or not
+    sac = demo.settings("brax:inverted_double_pendulum", agent="sac")
+    assert (sac.agent, sac.total_timesteps, sac.sac_buffer, sac.sac_batch, sac.learning_rate) == (
+        "sac", 300_000, 1_000_000, 256, 3e-4)
+    assert (sac.gamma, sac.reward_scaling, sac.normalize_observations) == (0.99, 1.0, False)
+    assert sac.sac_envs * 1 == sac.sac_updates_per_step == 16  # one gradient step per transition
+    assert sac.reward_mirror == demo.BRAX_REWARD_MIRROR["inverted_double_pendulum"] and not sac.use_next_state
+    assert demo.settings("brax:halfcheetah", agent="sac").skip_obs == 1
+    assert demo.settings("brax:hopper", agent="sac", quick=True).total_timesteps == 60_000
 
 
 @pytest.mark.filterwarnings("ignore:Accessing `:DeprecationWarning")  # mujoco's, while brax's own step is traced
