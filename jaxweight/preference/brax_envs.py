@@ -13,6 +13,13 @@ seals MuJoCo suite:
   brax environment says ``done`` (Hopper falls, the pendulum tips over) the
   episode sits in an absorbing state until the horizon: the terminal
   observation repeats and the reward is 0;
+- the environments whose constructor takes ``terminate_when_unhealthy``
+  (hopper, walker2d, ant, humanoid) are built with ``False``, as seals'
+  ``_no_early_termination``: a fallen body goes on, unpaid for being
+  healthy, and never reaches an absorbing state (a fragment after a fall
+  still says how the body moves; with ``True``, brax's default, most
+  fragments of a falling agent are absorbing and tie). Pass
+  ``terminate_when_unhealthy=True`` for brax's episodes;
 - observations are brax's, except that the environments whose constructor
   takes ``exclude_current_positions_from_observation`` (halfcheetah, hopper,
   walker2d, ant, humanoid, swimmer...) keep the current x (and y) position in
@@ -56,6 +63,8 @@ DEFAULT_HORIZON = 1000
 
 #: the constructor argument that drops the current position from the observation (seals keeps it)
 _POSITIONS = "exclude_current_positions_from_observation"
+#: the constructor argument that ends an episode when the body falls (seals sets it False: no early termination)
+_TERMINATE = "terminate_when_unhealthy"
 
 
 @struct.dataclass
@@ -170,11 +179,14 @@ def make_brax(name: str, kwargs: dict) -> BraxEnv:
     cls = envs._envs[name]
     kwargs = dict(kwargs)
     try:
-        takes_positions = _POSITIONS in inspect.signature(cls.__init__).parameters
-    except (TypeError, ValueError):  # no signature: leave brax's default
-        takes_positions = False
+        takes = inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):  # no signature: leave brax's defaults
+        takes = {}
+    takes_positions = _POSITIONS in takes
     if takes_positions:
         kwargs.setdefault(_POSITIONS, False)
+    if _TERMINATE in takes:
+        kwargs.setdefault(_TERMINATE, False)
     try:
         with _quiet():
             env = envs.get_environment(name, **kwargs)

@@ -68,10 +68,38 @@ def test_inverted_pendulum_absorbs_after_it_tips_over():
     assert abs(obs[first - 1][1]) > 0.2                                  # brax's done: the pole past 0.2 rad
 
 
+def test_no_early_termination_as_seals():
+    """hopper, walker2d, ant: built with terminate_when_unhealthy=False (seals' ``_no_early_termination``); a
+    fallen hopper goes on with no healthy reward and is never absorbing. The pendulums keep brax's ``done``."""
+    assert not make_env("brax:hopper")[0].inner.brax_env._terminate_when_unhealthy
+    assert make_env("brax:hopper", terminate_when_unhealthy=True)[0].inner.brax_env._terminate_when_unhealthy
+    env, p = make_env("brax:hopper", horizon=3 * H)
+
+    @jax.jit
+    def roll(key):
+        _, s0 = env.reset_env(key, p)
+
+        def step(s, k):  # full torque on every joint: the hopper tips over within a few dozen steps
+            o, s2, r, d, info = env.step_env(k, s, jnp.ones(3), p)
+            return s2, (r, info["absorbing"], s2.env_state.metrics["reward_healthy"])
+
+        return jax.lax.scan(step, s0, jax.random.split(key, 3 * H))[1]
+
+    rew, absorbing, healthy = jax.device_get(roll(jax.random.key(0)))
+    assert not absorbing.any() and np.all(np.isfinite(rew))
+    assert healthy[0] == 1.0 and healthy[-1] == 0.0  # unhealthy by brax's measure (z or angle out of range): unpaid
+
+
 def test_a_step_leaves_the_callers_state_as_it_was():
-    """brax's hopper updates ``state.metrics`` in place, with a Python float when it is healthy: the wrapper steps
-    a copy, so the state passed in is unchanged and the next step (the absorbing select) sees arrays only."""
-    env, p = make_env("brax:hopper", horizon=H)
+    """brax's hopper updates ``state.metrics`` in place (with a Python float when it ends episodes on a fall):
+    the wrapper steps a copy, so the state passed in is unchanged and the next step (the absorbing select) sees
+    arrays only."""
+    env, p = make_env("brax:hopper", horizon=H, terminate_when_unhealthy=True)
+
+    """brax's hopper updates ``state.metrics`` in place (with a Python float when it ends episodes on a fall):
+    the wrapper steps a copy, so the state passed in is unchanged and the next step (the absorbing select) sees
+    arrays only."""
+    env, p = make_env("brax:hopper", horizon=H, terminate_when_unhealthy=True)
     _, s0 = env.reset_env(jax.random.key(0), p)
     before = jax.tree.map(np.asarray, s0.env_state.metrics)
     _, s1, _, _, _ = env.step_env(jax.random.key(1), s0, jnp.ones(3), p)
