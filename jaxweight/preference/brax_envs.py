@@ -10,7 +10,7 @@ seals MuJoCo suite:
 
 - every episode lasts exactly ``horizon`` steps (default 1000, the
   ``episode_length`` of brax's training and seals' MuJoCo horizon); when the
-  brax environment says ``done`` (Hopper falls, the pendulum tips over) the
+  brax environment says ``done`` (the pendulum tips over) the
   episode sits in an absorbing state until the horizon: the terminal
   observation repeats and the reward is 0;
 - the environments whose constructor takes ``terminate_when_unhealthy``
@@ -138,7 +138,8 @@ class BraxEnv(environment.Environment):
     def step_env(self, key, state, action, params):
         del key
         a = jnp.reshape(jnp.asarray(action, jnp.float32), (self.action_size,))
-        # brax's envs update state.metrics in place (and hopper's and walker2d's put a Python float there):
+        # brax's envs update state.metrics in place (hopper's and walker2d's with a Python float when they end
+        # episodes on a fall):
         # step a copy, so that the caller's state stays as it was
         state = state.replace(metrics=dict(state.metrics), info=dict(state.info))
         with _quiet():
