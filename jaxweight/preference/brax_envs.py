@@ -139,8 +139,7 @@ class BraxEnv(environment.Environment):
         del key
         a = jnp.reshape(jnp.asarray(action, jnp.float32), (self.action_size,))
         # brax's envs update state.metrics in place (hopper's and walker2d's with a Python float when they end
-        # episodes on a fall):
-        # step a copy, so that the caller's state stays as it was
+        # episodes on a fall): step a copy, so that the caller's state stays as it was
         state = state.replace(metrics=dict(state.metrics), info=dict(state.info))
         with _quiet():
             state = self.brax_env.step(state, a)
