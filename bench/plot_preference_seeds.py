@@ -48,12 +48,11 @@ def merge(runs: list[dict]) -> dict:
     def cat(values):
         return np.concatenate([np.asarray(v).reshape(-1) for v in values]).tolist()
 
-    history = [{k: cat([r["history"][j][k] for r in runs]) for k in ("agent_steps", "gt_return",
-                                                                      "reward_accuracy", "fresh_accuracy",
-                                                                      "fresh_decided")}
+    per_seed = ("gt_return", "reward_accuracy", "fresh_accuracy", "fresh_decided")
+    # the x axis (steps a round) is the same for every seed: the first run's
+    history = [dict({k: cat([r["history"][j][k] for r in runs]) for k in per_seed},
+                    agent_steps=first["history"][j]["agent_steps"])
                for j in range(len(first["history"]))]
-    for h in history:  # the x axis: steps a round, the same for every seed
-        h["agent_steps"] = h["agent_steps"][:1]
     final = {k: cat([r["final"][k] for r in runs]) for k in _PER_SEED_FINAL if k in first["final"]}
     baseline = None
     if all(r.get("baseline_return") is not None for r in runs):
