@@ -200,3 +200,75 @@ def test_preference_loop_on_a_short_brax_horizon():
     trained = int(pc.state.gen.ppo.steps)
     assert trained >= 128 and float(norm.count) == pytest.approx(trained + 1e-4)
     assert np.all(np.isfinite(np.asarray(norm.mean))) and gen.fingerprint()["ppo/reward_scaling"] == 10.0
+
+
+def test_ppo_loss_with_gae_per_minibatch_is_braxs():
+    """Differential: ``ppo_loss_fresh_gae`` (``PPOConfig.gae_per_minibatch``: advantages and value targets
+    recomputed with the current critic in every minibatch of whole unrolls) against brax's own
+    ``compute_ppo_loss`` on the same unrolls, parameters and observation statistics: the loss and every
+    gradient agree to float32 rounding. Terminations inside the unrolls, the tanh-squashed Gaussian with a
+    std per state, the entropy's tanh log-Jacobian (the same key draws the same sample) and reward scaling
+    all take part. At ``gae_lambda = 1`` brax's advantage ``r_t + gamma * vs_{t+1} - V_t`` equals GAE's
+    (at other lambdas it weighs ``delta_{t+1}`` by gamma instead of gamma * lambda)."""
+    import functools
+
+    from brax.training import types as btypes
+    from brax.training.acme import running_statistics
+    from brax.training.agents.ppo import losses as blosses
+    from brax.training.agents.ppo import networks as bnet
+    from flax import linen
+
+    from jaxweight.preference.ppo import (ActorCritic, ObsNorm, PPOHParams, Transition, _tanh_log_det_jacobian,
+                                          ppo_loss_fresh_gae)
+
+    e, t, d, a = 8, 12, 5, 2
+    scale = 10.0
+    net = ActorCritic(action_dim=a, discrete=False, hidden_sizes=(16, 16), activation="swish",
+                      value_hidden_sizes=(32, 32, 32), policy_head_scale=1.0, state_dependent_std=True)
+    ks = jax.random.split(jax.random.key(0), 8)
+    params = net.init(ks[0], jnp.zeros((d,)))
+    mean = jax.random.normal(ks[1], (d,))
+    var = jnp.exp(jax.random.normal(ks[2], (d,)))
+    norm = ObsNorm(mean, var * 500.0, jnp.asarray(500.0, jnp.float32))
+    obs = mean + jnp.sqrt(var) * jax.random.normal(ks[3], (t + 1, e, d))  # [T+1, E, D]: the last one bootstraps
+    out, log_std, value = net.apply(params, (obs[:-1] - mean) / jnp.sqrt(var + 1e-8))
+    u = out + jnp.exp(log_std) * jax.random.normal(ks[4], out.shape)  # raw (pre-tanh) actions
+    logp_old = (-0.5 * jnp.sum(((u - out) / jnp.exp(log_std)) ** 2 + 2 * log_std + jnp.log(2 * jnp.pi), -1)
+                + 0.1 * jax.random.normal(ks[5], (t, e)))  # a behaviour policy a little off the current one
+    done = jax.random.uniform(ks[6], (t, e)) < 0.08
+    assert 0 < int(done.sum()) < t * e
+    reward = jax.random.normal(ks[7], (t, e))
+    hp = PPOHParams.create(learning_rate=3e-4, gamma=0.97, gae_lambda=1.0, clip_eps=0.3, ent_coef=0.01)
+    traj = Transition(obs[:-1], u, logp_old, value, reward * scale, done)
+    key = jax.random.key(5)
+    loss, grads = jax.value_and_grad(ppo_loss_fresh_gae, argnums=2)(net, False, params, traj, obs[-1], hp, norm,
+                                                                    key)
+
+    bnets = bnet.make_ppo_networks(d, a, preprocess_observations_fn=running_statistics.normalize,
+                                   policy_hidden_layer_sizes=(16, 16), value_hidden_layer_sizes=(32, 32, 32),
+                                   activation=linen.swish)
+    p = params["params"]
+    names = sorted(p, key=lambda n: int(n.split("_")[1]))  # Dense_0..2: policy; Dense_3..6: value
+    bparams = blosses.PPONetworkParams(policy={"params": {f"hidden_{i}": p[names[i]] for i in range(3)}},
+                                       value={"params": {f"hidden_{i}": p[names[3 + i]] for i in range(4)}})
+    bnorm = running_statistics.RunningStatisticsState(count=norm.count, mean=mean, summed_variance=norm.m2,
+                                                      std=jnp.sqrt(var + 1e-8))
+    bt = lambda x: jnp.swapaxes(x, 0, 1)  # noqa: E731  [T, E] -> brax's [E, T]
+    data = btypes.Transition(
+        observation=bt(obs[:-1]), action=bt(jnp.tanh(u)), reward=bt(reward), discount=bt(1.0 - done),
+        next_observation=bt(obs[1:]),
+        extras={"policy_extras": {"raw_action": bt(u),  # brax's log-prob includes the tanh Jacobian
+                                  "log_prob": bt(logp_old - jnp.sum(_tanh_log_det_jacobian(u), -1)),
+                                  "distribution_params": bt(jnp.concatenate([out, log_std], -1))},
+                "state_extras": {"truncation": bt(jnp.zeros((t, e)))}})
+    loss_fn = functools.partial(blosses.compute_ppo_loss, ppo_network=bnets, entropy_cost=0.01, discounting=0.97,
+                                reward_scaling=scale, gae_lambda=1.0, clipping_epsilon=0.3,
+                                normalize_advantage=True, vf_coefficient=0.5)
+    (bloss, metrics), bgrads = jax.value_and_grad(loss_fn, has_aux=True)(bparams, bnorm, data, key)
+    assert float(metrics["policy_loss"]) != 0.0 and float(metrics["entropy_loss"]) != 0.0
+    np.testing.assert_allclose(float(loss), float(bloss), rtol=1e-5)
+    back = {**{names[i]: bgrads.policy["params"][f"hidden_{i}"] for i in range(3)},
+            **{names[3 + i]: bgrads.value["params"][f"hidden_{i}"] for i in range(4)}}
+    for n in names:
+        for k in ("kernel", "bias"):
+            np.testing.assert_allclose(grads["params"][n][k], back[n][k], rtol=1e-4, atol=1e-7, err_msg=f"{n}.{k}")
