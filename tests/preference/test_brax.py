@@ -218,8 +218,8 @@ def test_ppo_loss_with_gae_per_minibatch_is_braxs():
     from brax.training.agents.ppo import networks as bnet
     from flax import linen
 
-    from jaxweight.preference.ppo import (ActorCritic, ObsNorm, PPOHParams, Transition, _tanh_log_det_jacobian,
-                                          ppo_loss_fresh_gae)
+    from jaxweight.preference.ppo import (ActorCritic, ObsNorm, PPOHParams, Transition, _log_prob_entropy,
+                                          _tanh_log_det_jacobian, ppo_loss_fresh_gae)
 
     e, t, d, a = 8, 12, 5, 2
     scale = 10.0
@@ -233,7 +233,7 @@ def test_ppo_loss_with_gae_per_minibatch_is_braxs():
     obs = mean + jnp.sqrt(var) * jax.random.normal(ks[3], (t + 1, e, d))  # [T+1, E, D]: the last one bootstraps
     out, log_std, value = net.apply(params, (obs[:-1] - mean) / jnp.sqrt(var + 1e-8))
     u = out + jnp.exp(log_std) * jax.random.normal(ks[4], out.shape)  # raw (pre-tanh) actions
-    logp_old = (-0.5 * jnp.sum(((u - out) / jnp.exp(log_std)) ** 2 + 2 * log_std + jnp.log(2 * jnp.pi), -1)
+    logp_old = (_log_prob_entropy(out, log_std, u, False)[0]
                 + 0.1 * jax.random.normal(ks[5], (t, e)))  # a behaviour policy a little off the current one
     done = jax.random.uniform(ks[6], (t, e)) < 0.08
     assert 0 < int(done.sum()) < t * e
