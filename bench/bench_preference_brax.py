@@ -119,6 +119,12 @@ def main(argv=None):
     ap.add_argument("--gae-per-minibatch", action="store_true",
                     help="PPOConfig.gae_per_minibatch (brax's PPO: whole unrolls per minibatch, advantages recomputed "
                          "with the current critic before every gradient step)")
+    ap.add_argument("--unroll-length", type=int, default=None,
+                    help="PPOConfig.unroll_length (with --gae-per-minibatch: cut each environment's --num-steps into "
+                         "unrolls of this many steps; brax's PPO: 20)")
+    ap.add_argument("--advantage", choices=("gae", "lambda_return"), default="gae",
+                    help="PPOConfig.advantage (brax's PPO: lambda_return)")
+    ap.add_argument("--seed", type=int, default=0, help="the seeds' keys are split from jax.random.key(SEED)")
     ap.add_argument("--agent", choices=("ppo", "sac"), default="ppo")
     ap.add_argument("--sac-envs", type=int, default=16)
     ap.add_argument("--sac-updates-per-step", type=int, default=16)
@@ -152,7 +158,8 @@ def main(argv=None):
                     absorbing_bootstrap=a.absorbing_bootstrap, max_grad_norm=a.max_grad_norm, tanh_squash=a.tanh_squash,
                     value_hidden_sizes=None if a.value_hidden is None else tuple(a.value_hidden),
                     activation=a.activation, policy_head_scale=a.policy_head_scale,
-                    state_dependent_std=a.state_std, gae_per_minibatch=a.gae_per_minibatch)
+                    state_dependent_std=a.state_std, gae_per_minibatch=a.gae_per_minibatch,
+                    unroll_length=a.unroll_length, advantage=a.advantage)
     hp = PPOHParams.create(learning_rate=a.lr, gamma=a.gamma, ent_coef=a.ent, clip_eps=a.clip_eps, anneal_steps=0.0)
     gen = AgentGenerator(env, p, config=cfg, hparams=hp)
     if a.agent == "sac":
@@ -176,7 +183,7 @@ def main(argv=None):
 
     init = jax.jit(jax.vmap(gen.init))
     step = jax.jit(jax.vmap(train_chunk))
-    keys = jax.random.split(jax.random.key(0), a.seeds)
+    keys = jax.random.split(jax.random.key(a.seed), a.seeds)
     t0 = time.perf_counter()
     state = init(keys)
     step_c = step.lower(state, keys).compile()

@@ -2,6 +2,8 @@
 that bench_preference_brax.py's PPO is compared with, measured on the same machine.
 
 Run ``python bench/bench_preference_brax_ref.py --env inverted_pendulum --out FILE.json`` (needs the brax extra).
+Each curve point records the evaluation's return and, after the first, brax's ``training/policy_dist_mean_std``
+(the policy's pre-tanh std, mean over the last minibatch of the last update).
 brax's training config for inverted_pendulum: num_timesteps 2e6, num_evals 20, reward_scaling 10,
 episode_length 1000, normalize_observations, action_repeat 1, unroll_length 5, num_minibatches 32,
 num_updates_per_batch 4, discounting 0.97, learning_rate 3e-4, entropy_cost 1e-2, num_envs 2048,
@@ -76,6 +78,8 @@ def main(argv=None):
     def progress(step, metrics):
         curve.append({"steps": int(step), "return": float(metrics["eval/episode_reward"]),
                       "elapsed_s": time.perf_counter() - t0})
+        if "training/policy_dist_mean_std" in metrics:  # the (pre-tanh) std of the last minibatch, mean over it
+            curve[-1]["std"] = float(metrics["training/policy_dist_mean_std"])
         print(json.dumps(curve[-1]), flush=True)
 
     ppo.train(environment=env, progress_fn=progress, seed=a.seed, deterministic_eval=a.deterministic_eval, **cfg)

@@ -35,8 +35,9 @@ from .._util import as_key, check_static_int, check_value
 from .data import Trajectories
 from .envs import LearnedRewardEnv, LearnedRewardParams, LearnedRewardState, env_step, make_env
 from .fixed_horizon import FixedHorizon
-from .ppo import (ActorCritic, PPOConfig, PPOHParams, PPOState, Transition, _log_prob_entropy, _sample_action, gae,
-                  obs_norm_apply, obs_norm_init, obs_norm_update, ppo_loss, ppo_loss_fresh_gae)
+from .ppo import (ADVANTAGES, ActorCritic, PPOConfig, PPOHParams, PPOState, Transition, _log_prob_entropy,
+                  _sample_action, gae, obs_norm_apply, obs_norm_init, obs_norm_update, ppo_loss, ppo_loss_fresh_gae,
+                  split_unrolls)
 
 __all__ = [
     "TrajectoryGenerator",
@@ -387,9 +388,21 @@ class AgentGenerator(EpisodeSampler):
             raise ValueError(f"config.normalize_observations must be a bool, got {cfg.normalize_observations!r}")
         if not all(isinstance(h, int | np.integer) and h >= 1 for h in cfg.hidden_sizes):
             raise ValueError(f"config.hidden_sizes must be ints >= 1, got {cfg.hidden_sizes!r}")
-        if cfg.gae_per_minibatch and cfg.num_envs % cfg.num_minibatches:
-            raise ValueError(f"config.gae_per_minibatch takes whole unrolls per minibatch: num_envs "
-                             f"({cfg.num_envs}) must be a multiple of config.num_minibatches ({cfg.num_minibatches})")
+        if cfg.advantage not in ADVANTAGES:
+            raise ValueError(f"config.advantage must be one of {ADVANTAGES}, got {cfg.advantage!r}")
+        if cfg.unroll_length is not None:
+            check_static_int(cfg.unroll_length, "config.unroll_length", 1)
+            if not cfg.gae_per_minibatch:
+                raise ValueError("config.unroll_length cuts the rollout into unrolls for config.gae_per_minibatch; "
+                                 "set gae_per_minibatch=True or leave unroll_length None")
+            if cfg.num_steps % cfg.unroll_length:
+                raise ValueError(f"config.num_steps ({cfg.num_steps}) must be a multiple of config.unroll_length "
+                                 f"({cfg.unroll_length})")
+        if cfg.gae_per_minibatch and self._unrolls() % cfg.num_minibatches:
+            raise ValueError(f"config.gae_per_minibatch takes whole unrolls per minibatch: num_envs * num_steps / "
+                             f"unroll_length ({cfg.num_envs} * {cfg.num_steps} / "
+                             f"{cfg.unroll_length or cfg.num_steps} = {self._unrolls()}) must be a multiple of "
+                             f"config.num_minibatches ({cfg.num_minibatches})")
         if cfg.batch_size % cfg.num_minibatches:
             raise ValueError(
                 f"num_envs * num_steps ({cfg.batch_size}) must be a multiple of config.num_minibatches "
@@ -402,6 +415,11 @@ class AgentGenerator(EpisodeSampler):
                                    bool(cfg.state_dependent_std), skip)
         clip = () if cfg.max_grad_norm is None else (optax.clip_by_global_norm(cfg.max_grad_norm),)
         self.tx = optax.chain(*clip, optax.scale_by_adam(eps=1e-5))
+
+    def _unrolls(self) -> int:
+        """Whole unrolls per update with ``config.gae_per_minibatch``: ``num_envs * num_steps / unroll_length``."""
+        cfg = self.config
+        return cfg.num_envs * (cfg.num_steps // (cfg.unroll_length or cfg.num_steps))
 
     def fingerprint(self) -> dict[str, Any]:
         """Every setting of this agent that changes results (JSON-ready; the loop stores it in checkpoints)."""
@@ -426,6 +444,10 @@ class AgentGenerator(EpisodeSampler):
             fp["ppo/skip_obs"] = int(self.config.skip_obs)
         if self.config.gae_per_minibatch:
             fp["ppo/gae_per_minibatch"] = True
+        if self.config.unroll_length is not None:
+            fp["ppo/unroll_length"] = int(self.config.unroll_length)
+        if self.config.advantage != "gae":
+            fp["ppo/advantage"] = self.config.advantage
         if self.config.policy_head_scale != 0.01:
             fp["ppo/policy_head_scale"] = float(self.config.policy_head_scale)
         if self.config.value_hidden_sizes is not None:
@@ -572,12 +594,12 @@ class AgentGenerator(EpisodeSampler):
             norm = obs_norm_update(norm, traj.obs)
         n = cfg.batch_size
         fresh = cfg.gae_per_minibatch  # Python branch: off, the program is the one of before
-        if fresh:  # env-major whole unrolls [E, T] and the observations after them [E]
-            flat = (jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), traj), obs)
-            rows = cfg.num_envs
+        if fresh:  # whole unrolls [K * E, L] and the observations after them [K * E]
+            flat = split_unrolls(traj, obs, cfg.unroll_length or cfg.num_steps)
+            rows = self._unrolls()
         else:
             _, _, last_value = self.network.apply(ppo.params, obs_norm_apply(norm, obs))
-            adv, targets = gae(traj, last_value, hp)
+            adv, targets = gae(traj, last_value, hp, cfg.advantage)
             flat = jax.tree.map(lambda x: x.reshape((n,) + x.shape[2:]), (traj, adv, targets))
             rows = n
 
@@ -599,7 +621,7 @@ class AgentGenerator(EpisodeSampler):
                     unrolls, last_obs = mb
                     batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), unrolls)  # back to [T, e]
                     grads = jax.grad(ppo_loss_fresh_gae, argnums=2)(self.network, self.discrete, params, batch,
-                                                                    last_obs, hp, norm, tk)
+                                                                    last_obs, hp, norm, tk, cfg.advantage)
                 else:
                     batch, a, t = mb
                     grads = jax.grad(ppo_loss, argnums=2)(self.network, self.discrete, params, batch, a, t, hp,

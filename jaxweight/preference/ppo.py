@@ -35,7 +35,7 @@ from flax import struct
 from .._util import check_value
 
 __all__ = ["PPOConfig", "PPOHParams", "PPOState", "ActorCritic", "Transition", "ObsNorm", "orthogonal", "gae",
-           "ppo_loss", "ppo_loss_fresh_gae", "obs_norm_init", "obs_norm_update", "obs_norm_apply"]
+           "ppo_loss", "ppo_loss_fresh_gae", "split_unrolls", "obs_norm_init", "obs_norm_update", "obs_norm_apply"]
 
 Array = jax.Array
 
@@ -111,6 +111,20 @@ class PPOConfig:
         critic before its gradient step, instead of once per update with the
         rollout's critic. Off by default (needs ``num_envs`` to be a multiple
         of ``num_minibatches``).
+      unroll_length: with ``gae_per_minibatch`` only: each environment's
+        ``num_steps``-step rollout is cut into unrolls of this many steps, each
+        bootstrapped from the observation after it, and minibatches draw whole
+        unrolls of every environment (brax's PPO: ``unroll_length`` 20, 8 of
+        them per environment and update on HalfCheetah). ``num_steps`` must be
+        a multiple of it and ``num_envs * num_steps / unroll_length`` a
+        multiple of ``num_minibatches``. ``None`` (default): one unroll of
+        ``num_steps`` per environment.
+      advantage: ``"gae"`` (default): generalised advantage estimates,
+        ``A_t = sum_k (gamma * lambda)^k delta_{t+k}``. ``"lambda_return"``:
+        brax's PPO, ``A_t = r_t + gamma * (1 - done_t) * G_{t+1} - V(s_t)``
+        with ``G`` the lambda-returns (the value targets of both), which
+        weighs ``delta_{t+1}`` by ``gamma`` instead of ``gamma * lambda``; the
+        two agree at ``gae_lambda = 1``.
     """
 
     num_envs: int = struct.field(pytree_node=False, default=16)
@@ -130,6 +144,8 @@ class PPOConfig:
     state_dependent_std: bool = struct.field(pytree_node=False, default=False)
     skip_obs: int = struct.field(pytree_node=False, default=0)
     gae_per_minibatch: bool = struct.field(pytree_node=False, default=False)
+    unroll_length: int | None = struct.field(pytree_node=False, default=None)
+    advantage: str = struct.field(pytree_node=False, default="gae")
 
     @property
     def batch_size(self) -> int:
@@ -391,8 +407,16 @@ class Transition:
 
 
 
-def gae(traj: Transition, last_value: Array, hp: PPOHParams) -> tuple[Array, Array]:
-    """Generalised advantage estimates and value targets of a ``[T, envs]`` rollout (scan backwards)."""
+ADVANTAGES = ("gae", "lambda_return")
+
+
+def gae(traj: Transition, last_value: Array, hp: PPOHParams, advantage: str = "gae") -> tuple[Array, Array]:
+    """Advantages and value targets of a ``[T, envs]`` rollout (scan backwards).
+
+    ``last_value`` ``[envs]``: the values after the last step. ``advantage``: ``"gae"`` (generalised advantage
+    estimates) or ``"lambda_return"`` (brax's: ``r_t + gamma * (1 - done_t) * G_{t+1} - V_t``); the value targets
+    ``G`` are the lambda-returns in both. Returns ``(advantages, targets)``, each ``[T, envs]``.
+    """
     def f(carry, t):
         adv, next_value = carry
         nonterm = 1.0 - t.done.astype(jnp.float32)
@@ -401,17 +425,47 @@ def gae(traj: Transition, last_value: Array, hp: PPOHParams) -> tuple[Array, Arr
         return (adv, t.value), adv
 
     _, adv = jax.lax.scan(f, (jnp.zeros_like(last_value), last_value), traj, reverse=True)
-    return adv, adv + traj.value
+    targets = adv + traj.value
+    if advantage == "lambda_return":  # Python branch on a static setting
+        next_targets = jnp.concatenate([targets[1:], last_value[None]], axis=0)
+        adv = traj.reward + hp.gamma * (1.0 - traj.done.astype(jnp.float32)) * next_targets - traj.value
+    return adv, targets
+
+
+def split_unrolls(traj: Transition, last_obs: Array, unroll_length: int) -> tuple[Transition, Array]:
+    """Cut a ``[T, E]`` rollout into ``K = T / unroll_length`` unrolls per environment.
+
+    Args:
+      traj: the rollout, leaves ``[T, E, ...]``.
+      last_obs: ``[E, ...]``, the observations after its last step.
+      unroll_length: ``L``, a divisor of ``T``.
+
+    Returns:
+      ``(unrolls, bootstrap_obs)``: leaves ``[K * E, L, ...]`` (unroll ``k`` of environment ``e`` at row
+      ``k * E + e``) and ``[K * E, ...]``, the observation after each unroll (the next unroll's first, or
+      ``last_obs``).
+    """
+    t, e = traj.done.shape
+    k = t // unroll_length
+
+    def cut(x):
+        x = x.reshape((k, unroll_length, e) + x.shape[2:])
+        return jnp.swapaxes(x, 1, 2).reshape((k * e, unroll_length) + x.shape[3:])
+
+    after = jnp.concatenate([traj.obs[unroll_length::unroll_length], last_obs[None]], axis=0)
+    return jax.tree.map(cut, traj), after.reshape((k * e,) + after.shape[2:])
 
 
 def ppo_loss_fresh_gae(network: nn.Module, discrete: bool, params: Any, traj: Transition, last_obs: Array,
-                       hp: PPOHParams, obs_norm: ObsNorm | None = None, tanh_key: Array | None = None) -> Array:
-    """:func:`ppo_loss` of a ``[T, e]`` slice of whole unrolls, its advantages and value targets recomputed
-    with ``params``' critic (no gradient through them; brax's PPO). ``last_obs`` ``[e, ...]``: the
-    observations after the last step (bootstrap values)."""
+                       hp: PPOHParams, obs_norm: ObsNorm | None = None, tanh_key: Array | None = None,
+                       advantage: str = "gae") -> Array:
+    """:func:`ppo_loss` of a ``[T, e]`` slice of whole unrolls, its advantages (:func:`gae`'s ``advantage``) and
+    value targets recomputed with ``params``' critic (no gradient through them; brax's PPO). ``last_obs``
+    ``[e, ...]``: the observations after the last step (bootstrap values)."""
     _, _, value = network.apply(params, obs_norm_apply(obs_norm, traj.obs))
     _, _, last_value = network.apply(params, obs_norm_apply(obs_norm, last_obs))
-    adv, targets = gae(traj.replace(value=jax.lax.stop_gradient(value)), jax.lax.stop_gradient(last_value), hp)
+    adv, targets = gae(traj.replace(value=jax.lax.stop_gradient(value)), jax.lax.stop_gradient(last_value), hp,
+                       advantage)
     flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), (traj, adv, targets))
     return ppo_loss(network, discrete, params, *flat, hp, obs_norm, tanh_key)
 

@@ -202,14 +202,16 @@ def test_preference_loop_on_a_short_brax_horizon():
     assert np.all(np.isfinite(np.asarray(norm.mean))) and gen.fingerprint()["ppo/reward_scaling"] == 10.0
 
 
-def test_ppo_loss_with_gae_per_minibatch_is_braxs():
+@pytest.mark.parametrize("lam,advantage", [(1.0, "gae"), (0.95, "lambda_return")])
+def test_ppo_loss_with_gae_per_minibatch_is_braxs(lam, advantage):
     """Differential: ``ppo_loss_fresh_gae`` (``PPOConfig.gae_per_minibatch``: advantages and value targets
     recomputed with the current critic in every minibatch of whole unrolls) against brax's own
     ``compute_ppo_loss`` on the same unrolls, parameters and observation statistics: the loss and every
     gradient agree to float32 rounding. Terminations inside the unrolls, the tanh-squashed Gaussian with a
     std per state, the entropy's tanh log-Jacobian (the same key draws the same sample) and reward scaling
-    all take part. At ``gae_lambda = 1`` brax's advantage ``r_t + gamma * vs_{t+1} - V_t`` equals GAE's
-    (at other lambdas it weighs ``delta_{t+1}`` by gamma instead of gamma * lambda)."""
+    all take part. At ``gae_lambda = 1`` brax's advantage ``r_t + gamma * vs_{t+1} - V_t`` equals GAE's; at
+    0.95 it is ``PPOConfig.advantage="lambda_return"`` (GAE would weigh ``delta_{t+1}`` by gamma * lambda
+    instead of gamma)."""
     import functools
 
     from brax.training import types as btypes
@@ -238,11 +240,11 @@ def test_ppo_loss_with_gae_per_minibatch_is_braxs():
     done = jax.random.uniform(ks[6], (t, e)) < 0.08
     assert 0 < int(done.sum()) < t * e
     reward = jax.random.normal(ks[7], (t, e))
-    hp = PPOHParams.create(learning_rate=3e-4, gamma=0.97, gae_lambda=1.0, clip_eps=0.3, ent_coef=0.01)
+    hp = PPOHParams.create(learning_rate=3e-4, gamma=0.97, gae_lambda=lam, clip_eps=0.3, ent_coef=0.01)
     traj = Transition(obs[:-1], u, logp_old, value, reward * scale, done)
     key = jax.random.key(5)
     loss, grads = jax.value_and_grad(ppo_loss_fresh_gae, argnums=2)(net, False, params, traj, obs[-1], hp, norm,
-                                                                    key)
+                                                                    key, advantage)
 
     bnets = bnet.make_ppo_networks(d, a, preprocess_observations_fn=running_statistics.normalize,
                                    policy_hidden_layer_sizes=(16, 16), value_hidden_layer_sizes=(32, 32, 32),
@@ -262,7 +264,7 @@ def test_ppo_loss_with_gae_per_minibatch_is_braxs():
                                   "distribution_params": bt(jnp.concatenate([out, log_std], -1))},
                 "state_extras": {"truncation": bt(jnp.zeros((t, e)))}})
     loss_fn = functools.partial(blosses.compute_ppo_loss, ppo_network=bnets, entropy_cost=0.01, discounting=0.97,
-                                reward_scaling=scale, gae_lambda=1.0, clipping_epsilon=0.3,
+                                reward_scaling=scale, gae_lambda=lam, clipping_epsilon=0.3,
                                 normalize_advantage=True, vf_coefficient=0.5)
     (bloss, metrics), bgrads = jax.value_and_grad(loss_fn, has_aux=True)(bparams, bnorm, data, key)
     assert float(metrics["policy_loss"]) != 0.0 and float(metrics["entropy_loss"]) != 0.0

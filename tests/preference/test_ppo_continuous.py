@@ -8,7 +8,8 @@ import pytest
 
 from jaxweight.preference.envs import make_env
 from jaxweight.preference.generators import AgentGenerator
-from jaxweight.preference.ppo import OBS_CLIP, PPOConfig, obs_norm_apply, obs_norm_init, obs_norm_update
+from jaxweight.preference.ppo import (OBS_CLIP, PPOConfig, PPOHParams, Transition, gae, obs_norm_apply, obs_norm_init,
+                                      obs_norm_update, split_unrolls)
 
 TINY = dict(num_envs=4, num_steps=8, num_minibatches=2, update_epochs=1, hidden_sizes=(8,))
 
@@ -200,6 +201,87 @@ def test_gae_per_minibatch_recomputes_advantages_with_the_current_critic():
     d = jax.jit(lambda s: AgentGenerator(env, p, config=PPOConfig(**many, gae_per_minibatch=True)).train(s, key, 32))(s)
     assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(d.ppo.params))
     assert not all(np.allclose(x, y) for x, y in zip(jax.tree.leaves(c.ppo.params), jax.tree.leaves(d.ppo.params)))
-    with pytest.raises(ValueError, match=r"gae_per_minibatch takes whole unrolls per minibatch: num_envs \(4\) must "
-                                         r"be a multiple of config.num_minibatches \(8\)"):
+    with pytest.raises(ValueError, match=r"gae_per_minibatch takes whole unrolls per minibatch: num_envs \* "
+                                         r"num_steps / unroll_length \(4 \* 8 / 8 = 4\) must be a multiple of "
+                                         r"config.num_minibatches \(8\)"):
         AgentGenerator(env, p, config=PPOConfig(**dict(TINY, num_minibatches=8), gae_per_minibatch=True))
+
+
+def test_split_unrolls_cuts_each_environments_rollout_in_order():
+    """split_unrolls: [T, E] -> [K * E, L] with unroll k of environment e at row k * E + e, each followed by
+    the observation after it (the next unroll's first, or the rollout's last_obs)."""
+    t, e, length = 6, 3, 2
+    code = (10 * jnp.arange(t)[:, None] + jnp.arange(e)[None, :]).astype(jnp.float32)  # 10 * step + env
+    traj = Transition(code[..., None], code[..., None], code, code, code, jnp.zeros((t, e), bool))
+    last_obs = (10 * t + jnp.arange(e, dtype=jnp.float32))[:, None]
+    unrolls, after = split_unrolls(traj, last_obs, length)
+    assert unrolls.obs.shape == (9, 2, 1) and unrolls.reward.shape == (9, 2) and after.shape == (9, 1)
+    for k in range(t // length):
+        for j in range(e):
+            row = k * e + j
+            np.testing.assert_array_equal(unrolls.reward[row], 10 * np.arange(k * length, (k + 1) * length) + j)
+            assert float(after[row, 0]) == 10 * (k + 1) * length + j  # obs at step (k+1)L, or last_obs
+    whole, after1 = split_unrolls(traj, last_obs, t)  # one unroll per environment: the env-major rollout
+    np.testing.assert_array_equal(whole.reward, code.T)
+    np.testing.assert_array_equal(after1, last_obs)
+
+
+def test_unroll_length_cuts_the_rollout_for_gae_per_minibatch():
+    """PPOConfig.unroll_length: num_steps gives the update of None exactly; shorter unrolls (each bootstrapped
+    from the critic) give another update, finite; recorded only when set; and one clear error each for use
+    without gae_per_minibatch, a length that does not divide num_steps, and unrolls that do not split into
+    the minibatches."""
+    env, p = make_env("pendulum")
+    cfg = dict(TINY, num_minibatches=2, update_epochs=2, gae_per_minibatch=True)
+    gens = [AgentGenerator(env, p, config=PPOConfig(**cfg, unroll_length=u)) for u in (None, 8, 2)]
+    assert "ppo/unroll_length" not in gens[0].fingerprint() and gens[2].fingerprint()["ppo/unroll_length"] == 2
+    s = gens[0].init(jax.random.key(0))
+    key = jax.random.key(1)
+    none, whole, short = (jax.jit(lambda s, g=g: g.train(s, key, 32))(s).ppo.params for g in gens)
+    for x, y in zip(jax.tree.leaves(none), jax.tree.leaves(whole)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(short))
+    assert not all(np.allclose(x, y) for x, y in zip(jax.tree.leaves(none), jax.tree.leaves(short)))
+    with pytest.raises(ValueError, match=r"config.unroll_length cuts the rollout into unrolls for "
+                                         r"config.gae_per_minibatch"):
+        AgentGenerator(env, p, config=PPOConfig(**TINY, unroll_length=4))
+    with pytest.raises(ValueError, match=r"config.num_steps \(8\) must be a multiple of config.unroll_length \(3\)"):
+        AgentGenerator(env, p, config=PPOConfig(**cfg, unroll_length=3))
+    with pytest.raises(ValueError, match=r"config.unroll_length must be"):
+        AgentGenerator(env, p, config=PPOConfig(**cfg, unroll_length=0))
+    with pytest.raises(ValueError, match=r"\(4 \* 8 / 4 = 8\) must be a multiple of config.num_minibatches \(16\)"):
+        AgentGenerator(env, p, config=PPOConfig(**dict(cfg, num_minibatches=16), unroll_length=4))
+    AgentGenerator(env, p, config=PPOConfig(**dict(cfg, num_minibatches=8), unroll_length=4))  # 8 unrolls: fine
+
+
+def test_lambda_return_advantage_is_braxs_formula():
+    """PPOConfig.advantage="lambda_return": A_t = r_t + gamma (1 - done_t) G_{t+1} - V_t with G the
+    lambda-returns (G_T the bootstrap value), the value targets unchanged; equal to GAE at lambda = 1 and
+    not at 0.9. An unknown name is one clear error; the setting is recorded only when not "gae"."""
+    t, e = 7, 3
+    ks = jax.random.split(jax.random.key(3), 3)
+    value = jax.random.normal(ks[0], (t, e))
+    reward = jax.random.normal(ks[1], (t, e))
+    done = jnp.zeros((t, e), bool).at[3, 1].set(True).at[5, 0].set(True)
+    traj = Transition(jnp.zeros((t, e, 1)), jnp.zeros((t, e, 1)), jnp.zeros((t, e)), value, reward, done)
+    last = jax.random.normal(ks[2], (e,))
+    hp = PPOHParams.create(gamma=0.9, gae_lambda=0.9)
+    adv_g, tg_g = gae(traj, last, hp)
+    adv_l, tg_l = gae(traj, last, hp, "lambda_return")
+    np.testing.assert_array_equal(tg_g, tg_l)
+    g_next = np.concatenate([np.asarray(tg_g)[1:], np.asarray(last)[None]])
+    want = np.asarray(reward) + 0.9 * (1.0 - np.asarray(done)) * g_next - np.asarray(value)
+    np.testing.assert_allclose(adv_l, want, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(adv_l, adv_g, atol=1e-3)
+    one = PPOHParams.create(gamma=0.9, gae_lambda=1.0)
+    np.testing.assert_allclose(gae(traj, last, one, "lambda_return")[0], gae(traj, last, one)[0], rtol=1e-5,
+                               atol=1e-5)
+    env, p = make_env("pendulum")
+    assert "ppo/advantage" not in AgentGenerator(env, p, config=PPOConfig(**TINY)).fingerprint()
+    lam = AgentGenerator(env, p, config=PPOConfig(**TINY, advantage="lambda_return"))
+    assert lam.fingerprint()["ppo/advantage"] == "lambda_return"
+    assert all(bool(jnp.all(jnp.isfinite(x)))
+               for x in jax.tree.leaves(jax.jit(lambda s: lam.train(s, jax.random.key(1), 32))(
+                   lam.init(jax.random.key(0))).ppo.params))
+    with pytest.raises(ValueError, match=r"config.advantage must be one of \('gae', 'lambda_return'\), got 'vtrace'"):
+        AgentGenerator(env, p, config=PPOConfig(**TINY, advantage="vtrace"))
