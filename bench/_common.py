@@ -8,11 +8,16 @@ Rules (CONVENTIONS.md): compile first and report compile time separately, warm
 up, time N runs with ``jax.block_until_ready`` and ``time.perf_counter``, report
 the median and the spread, and compare against a baseline measured in the same
 run (the ratio is what counts; absolute times drift between machines).
+
+Every record, and every JSON a bench script writes, carries where it came from
+(:func:`provenance`: command, commit, machine, date, jax version, device), from
+the same helper the demos use, ``jaxweight.demos._common.provenance``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -23,7 +28,8 @@ from typing import Any
 
 import jax
 
-__all__ = ["Timing", "time_jax", "time_stateful", "time_call", "record", "device_name", "format_table", "main"]
+__all__ = ["Timing", "time_jax", "time_stateful", "time_call", "record", "device_name", "provenance",
+           "format_table", "main"]
 
 
 class Timing(dict):
@@ -116,10 +122,31 @@ def device_name() -> str:
     return f"{d.platform} ({d.device_kind})"
 
 
+@functools.lru_cache(maxsize=1)
+def _fixed_provenance() -> tuple:
+    from jaxweight.demos._common import provenance as run_provenance
+
+    p = run_provenance()
+    return tuple((k, p[k]) for k in ("command", "commit", "machine"))
+
+
+def provenance() -> dict:
+    """``{"command", "commit", "machine", "date", "jax_version", "device"}`` of this run.
+
+    The same fields as the demos' results (``jaxweight.demos._common.provenance``); the
+    command, commit and machine are read once per process (git runs once), the date each call.
+    """
+    import datetime
+
+    return {**dict(_fixed_provenance()),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "jax_version": jax.__version__, "device": str(jax.devices()[0])}
+
+
 def record(module: str, name: str, size: str, jaxweight_s: float, baseline: str,
            baseline_s: float | None, *, goal: str | None = None, met: bool | None = None,
            note: str = "", **extra: Any) -> dict:
-    """One benchmark row (the JSON record the issues ask for).
+    """One benchmark row: what was timed, against what, and where (:func:`provenance`).
 
     ``ratio`` is ``baseline_s / jaxweight_s`` (how many times faster jaxweight
     is; < 1 means slower). ``baseline`` may also be an absolute goal such as
@@ -132,6 +159,7 @@ def record(module: str, name: str, size: str, jaxweight_s: float, baseline: str,
         "jaxweight_s": jaxweight_s, "baseline": baseline, "baseline_s": baseline_s,
         "ratio": ratio, "device": device_name(), "jax_version": jax.__version__,
     }
+    rec.update({k: v for k, v in provenance().items() if k not in rec})  # command, commit, machine, date
     if goal is not None:
         rec["goal"] = goal
     if met is not None:

@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 
@@ -215,16 +213,13 @@ def main(argv=None):
         return jnp.sum(jax.lax.scan(f, (s, jnp.asarray(True)), jax.random.split(ks, a.horizon))[1])
 
     rnd = np.asarray(jax.jit(jax.vmap(random_return))(jax.random.split(jax.random.key(9), 32)))
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = None
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _common import provenance  # noqa: PLC0415  (command, commit, machine, date, jax version, device)
+
     res = {"env": a.env, "horizon": a.horizon, "episodic": a.episodic, "settings": vars(a), "curve": curve,
            "final_return": curve[-1]["return"], "final_return_deterministic": curve[-1]["return_deterministic"],
            "random_return": float(rnd.mean()), "compile_s": t_compile, "run_s": t_run,
-           "steps_per_s": a.seeds * curve[-1]["steps"] / t_run, "command": " ".join(sys.argv), "commit": commit,
-           "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-                      f"affinity {len(os.sched_getaffinity(0))}", "device": str(jax.devices()[0])}
+           "steps_per_s": a.seeds * curve[-1]["steps"] / t_run, **provenance()}
     print(json.dumps({k: v for k, v in res.items() if k != "curve"}))
     if a.out:
         with open(a.out, "w") as f:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 import warnings
@@ -83,9 +82,10 @@ def main(argv=None):
         print(json.dumps(curve[-1]), flush=True)
 
     ppo.train(environment=env, progress_fn=progress, seed=a.seed, deterministic_eval=a.deterministic_eval, **cfg)
-    res = {"env": a.env, "config": cfg, "curve": curve, "wall_s": time.perf_counter() - t0,
-           "command": " ".join(sys.argv), "device": str(jax.devices()[0]),
-           "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, affinity {len(os.sched_getaffinity(0))}"}
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _common import provenance  # noqa: PLC0415  (command, commit, machine, date, jax version, device)
+
+    res = {"env": a.env, "config": cfg, "curve": curve, "wall_s": time.perf_counter() - t0, **provenance()}
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)

@@ -224,10 +224,14 @@ def write_results(args: argparse.Namespace | str | os.PathLike, results: Any,
                   name: str = "results.json") -> Path:
     """Write ``results`` (JSON-able; numpy/JAX scalars and arrays are converted) atomically to ``--out``.
 
-    Call it before plotting, so computed results survive a plotting error.
+    Call it before plotting, so computed results survive a plotting error. A dict gets the run's
+    :func:`provenance` (command, commit, machine, date, jax version, device) for the keys it does not
+    already have; the caller's dict is not changed.
     """
     from jaxweight.checkpoint import save_json
 
+    if isinstance(results, dict):
+        results = {**results, **{k: v for k, v in provenance().items() if k not in results}}
     return save_json(out_dir(args) / name, _jsonable(results))
 
 
@@ -349,12 +353,16 @@ def line_logger(args: argparse.Namespace) -> Callable[[str], None] | None:
 
 
 def provenance() -> dict:
-    """Where a result came from, for its JSON: ``{"command", "commit", "machine"}``.
+    """Where a result came from, for its JSON (the one helper every demo and bench uses).
 
-    ``command``: this process's command line; ``commit``: ``git rev-parse HEAD`` of the checkout
-    the package was imported from, with ``" + uncommitted changes"`` when tracked files differ
-    from it (``None`` outside a git checkout); ``machine``: processor, CPUs, OS.
+    ``{"command", "commit", "machine", "date", "jax_version", "device"}``: ``command``: this
+    process's command line; ``commit``: ``git rev-parse HEAD`` of the checkout the package was
+    imported from, with ``" + uncommitted changes"`` when tracked files differ from it (``None``
+    outside a git checkout); ``machine``: processor, CPUs (and the CPUs this process may use, when
+    fewer), OS; ``date``: UTC, ISO 8601 to the second; ``jax_version``; ``device``: JAX's first
+    device (``None`` when jax is not imported yet, so that this never starts a backend).
     """
+    import datetime
     import platform
     import subprocess
 
@@ -367,8 +375,20 @@ def provenance() -> dict:
             commit = head.stdout.strip() + (" + uncommitted changes" if dirty.returncode else "")
     except (OSError, subprocess.SubprocessError):
         pass
+    cpus = os.cpu_count()
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cpus
+    machine = f"{platform.machine()}, {cpus} CPUs" + (f" ({usable} usable)" if usable != cpus else "")
+    jax = sys.modules.get("jax")
+    device = None
+    if jax is not None:
+        try:
+            device = str(jax.devices()[0])
+        except RuntimeError:
+            pass
     return {"command": " ".join([Path(sys.executable).name, *sys.argv]), "commit": commit,
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}"}
+            "machine": f"{machine}, {platform.system()} {platform.release()}",
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "jax_version": getattr(jax, "__version__", None), "device": device}
 
 
 def missing_modules(modules: str | Iterable[str]) -> list[str]:

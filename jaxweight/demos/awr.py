@@ -399,7 +399,7 @@ def run(quick: bool = False, seeds: int | None = None, out: str | os.PathLike | 
     paths = {}
     if out is not None:
         out = Path(out)
-        paths["json"] = str(save_json(out / "awr_demo.json", {"sizes": sizes, "rows": rows}))
+        paths["json"] = str(save_json(out / "awr_demo.json", {"sizes": sizes, "rows": rows, **C.provenance()}))
         paths["table"] = str(_write_text(out / "awr_demo.txt", format_table(rows) + "\n"))
         paths["metrics"] = str(out / "metrics.jsonl")
         png = plot(results, out / "awr_demo.png", log=log)

@@ -195,7 +195,7 @@ def _generic_base(env: str, quick: bool, agent: str = "ppo") -> dict:
     ~10 live steps per 1000 on InvertedPendulum), 50-step fragments, horizon 1000,
     and four more of brax's PPO choices: no gradient clipping, a ratio clip
     of 0.3, the tanh-squashed Gaussian (on InvertedPendulum each of them
-    helped 1.3-2x and they stack: ``bench/results/ppo-diag-*``) and a std
+    helped 1.3-2x and they stack: ``bench/results/diag/ppo-diag-*``) and a std
     per state from the policy's output layer (about 3x faster again). The
     agent does not see the positions the observation keeps for the reward
     model (``skip_obs``: brax's own observation). The pendulums' reward model
