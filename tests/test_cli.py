@@ -291,7 +291,9 @@ def test_results_then_plot(tmp_path, monkeypatch):
     import numpy as np
 
     p = C.write_results(a, {"x": np.arange(3), "y": np.float32(float("nan")), "z": [np.int64(4)]})
-    assert json.loads(p.read_text()) == {"x": [0, 1, 2], "y": None, "z": [4]}
+    saved = json.loads(p.read_text())
+    assert {k: saved.pop(k) for k in ("x", "y", "z")} == {"x": [0, 1, 2], "y": None, "z": [4]}
+    assert set(saved) == {"command", "commit", "machine", "date", "jax_version", "device"}  # C.provenance()
     pytest.importorskip("matplotlib")
 
     def fig(plt):
