@@ -5,7 +5,7 @@ The rule, per page of ``docs/`` (``docs/_ext`` aside), one test per page:
 - ```` ```python ```` blocks run in page order in one namespace per page, in a temporary
   working directory (a block that writes files writes them there). Warnings are errors here as
   everywhere. A block that raises fails the page's test, naming the page and the block's line.
-- ```` ```bash ```` blocks: every command ``python -m jaxweight ...`` (also inside ``a && b``
+- ```` ```bash ```` blocks (``sh``, ``shell`` and ``console`` read the same): every command ``python -m jaxweight ...`` (also inside ``a && b``
   chains) is parsed by the command line's own argument parsers, not run: a flag that is misspelt
   or refused fails the test. ``python -m jaxweight.<module>`` must name a module that exists.
   Other lines (``pip install ...``, ``python3 -m venv ...``, ``mkdocs ...``) are not run.
@@ -39,6 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 
 RUN_LANGS = {"python", "bash"}
+SHELL_LANGS = {"bash", "sh", "shell", "console"}   # all read as bash blocks
 SHOWN_LANGS = {"text", "json", "yaml", "toml"}
 _FENCE = re.compile(r"^(\s*)(`{3,})\s*([\w+-]*)[^\n]*$")
 _MARK = re.compile(r"^\s*<!--\s*docs:(needs|no-run)\s*(.*?)\s*-->\s*$")
@@ -198,7 +199,7 @@ def test_docs_page(page, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     bs = page_blocks(page)
     for b in bs:
-        if b.lang not in RUN_LANGS | SHOWN_LANGS:
+        if b.lang not in RUN_LANGS | SHELL_LANGS | SHOWN_LANGS:
             pytest.fail(f"{b.where}: a code block needs a language (python, bash, text, json, yaml or "
                         f"toml), got {b.lang or 'none'!r}", pytrace=False)
         if (b.needs is not None or b.no_run is not None) and b.lang != "python":
@@ -206,7 +207,7 @@ def test_docs_page(page, monkeypatch, tmp_path):
         if b.needs == "" or b.no_run == "":
             pytest.fail(f"{b.where}: docs:needs names a module, docs:no-run a reason", pytrace=False)
     for b in bs:
-        if b.lang == "bash":
+        if b.lang in SHELL_LANGS:
             check_bash(b, monkeypatch)
     run_python([b for b in bs if b.lang == "python" and b.needs is None and b.no_run is None])
 
