@@ -318,7 +318,7 @@ def test_learner_jaxweight_grpo_gives_tunix_grpo_advantages_with_the_curriculum_
     cfg = gl.GRPOConfig(num_generations=3, beta=0.0, advantage_estimator="jaxweight_grpo")
     learner = gl.GRPOLearner(rl_cluster=cluster, algo_config=cfg, reward_fns=toy_reward,
                              metric_fns=[capture, it.metric_fn])
-    # one mesh: trainer and rollout share the parameters, tunix copies nothing (README, weight sync)
+    # one mesh: trainer and rollout share the parameters, tunix copies nothing (the tunix guide, weight sync)
     assert not learner.should_sync_weights
     learner.train(it, eval_ds=it.eval_batches(2))
     assert len(seen) == 2 and len(evals) >= 2
@@ -330,16 +330,16 @@ def test_learner_jaxweight_grpo_gives_tunix_grpo_advantages_with_the_curriculum_
 
 
 def _readme_blocks():
+    """The tunix guide's blocks that need tunix (docs/guides/tunix.md, marked ``docs:needs tunix``)."""
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = text.split("\n## jaxweight inside tunix\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    text = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "tunix.md").read_text()
+    return re.findall(r"<!-- docs:needs tunix -->\s*```python\n(.*?)```", text, flags=re.S)
 
 
 def test_readme_tunix_example_runs(monkeypatch, tmp_path):
-    """The README section's example, as written: registry estimator + loss + curriculum iterator."""
+    """The tunix guide's example, as written: registry estimator + loss + curriculum iterator."""
     from flax import nnx
 
     monkeypatch.chdir(tmp_path)
@@ -348,14 +348,14 @@ def test_readme_tunix_example_runs(monkeypatch, tmp_path):
     ns: dict = {}
     exec(compile(blocks[0].replace("learner.train(", "before = jax.tree.map(np.array, nnx.state("
                                    "cluster.actor_trainer.model, nnx.Param))\nlearner.train(", 1),
-                 "README tunix block 0", "exec"), ns)  # noqa: S102 - the README's own code
+                 "docs/guides/tunix.md block 0", "exec"), ns)  # noqa: S102 - the guide's own code
     assert int(ns["it"].state.total_updates) == 8  # 4 train steps x 2 prompts, eval batches not counted
     assert ns["reg"].maxent.metrics()["maxent/tau"] != 1.0 and int(ns["reg"].maxent.calls) >= 4
     assert (tmp_path / "runs/maxent.ckpt").exists() and (tmp_path / "runs/curriculum/curriculum_4.ckpt").exists()
     after = jax.tree.map(np.array, nnx.state(ns["cluster"].actor_trainer.model, nnx.Param))
     assert any(jax.tree.leaves(jax.tree.map(lambda x, y: bool(np.any(x != y)), ns["before"], after)))
     ns["cluster"], _ = _toy_cluster(max_steps=4)  # "instead of the GRPOLearner above": a fresh cluster
-    exec(compile(blocks[1], "README tunix block 1", "exec"), ns)  # noqa: S102 - builds the full learner
+    exec(compile(blocks[1], "docs/guides/tunix.md block 1", "exec"), ns)  # noqa: S102 - builds the full learner
     assert isinstance(ns["learner"], jt.MaxEntGRPOLearner) and ns["learner"].seed_alpha == 0.0417
 
 # ------------------------------------------------------ curriculum iterator
@@ -586,7 +586,7 @@ def test_resumed_tunix_run_continues_the_curriculum_and_the_controller(tmp_path)
 
 @pytest.mark.smoke
 def test_demo_runs():
-    """Smoke: the comparison demo's jaxweight arm end to end on a tiny budget (numbers: README)."""
+    """Smoke: the comparison demo's jaxweight arm end to end on a tiny budget (numbers: docs/guides/tunix.md)."""
     from jaxweight.interop.tunix import demo
 
     assert demo.reward(["hello world"], ["hello there hello"]) == [2 / 3]
