@@ -210,6 +210,43 @@ def weight_sync(size: str) -> HotPath:
                    note="sync.step under jit with the actor donated: the actor's buffers take the learner's values")
 
 
+# ---------------------------------------------------------------- the agent and the loop
+def _demo_loop(size: str):
+    """The ``preferences`` demo's loop on CartPole (one seed): its config and a fresh state."""
+    from jaxweight.demos import preferences as D
+    from jaxweight.preference import loop
+
+    s = D.settings("cartpole", quick=(size == "quick"), seeds=1)
+    pc = D.build(s)
+    cfg = pc.config_for(s.total_timesteps, s.total_comparisons)
+    # every leaf its own buffer, so the state can be donated (a fresh state shares some)
+    return cfg, jax.tree.map(jnp.copy, loop.init(cfg, jax.random.key(0)))
+
+
+def ppo_update(size: str) -> HotPath:
+    from jaxweight.preference import loop
+
+    cfg, state = _demo_loop(size)
+    gen = cfg.generator
+    steps = int(gen.config.num_envs * gen.config.num_steps)
+    reward = loop.agent_reward(state, cfg)
+    extra = {} if cfg.agent_hparams is None else {"hparams": cfg.agent_hparams}
+    fn = jax.jit(lambda g, k: gen.train(g, k, jnp.asarray(steps, jnp.int32), reward, **extra), donate_argnums=0)
+    return HotPath("PPO update (rollout + epochs)", f"CartPole, {gen.config.num_envs} envs x {gen.config.num_steps} steps",
+                   fn, (state.gen, jax.random.key(1)), threaded=True,
+                   note="the preferences demo's PPO: one rollout on the learned reward, then its update epochs")
+
+
+def loop_round(size: str) -> HotPath:
+    from jaxweight.preference import loop
+
+    cfg, state = _demo_loop(size)
+    fn = jax.jit(lambda s, k: loop.step(s, k, cfg), donate_argnums=0)
+    return HotPath("preference-loop round", f"CartPole, {cfg.plan.num_rounds} rounds, 1 seed", fn,
+                   (state, jax.random.key(2)), threaded=True,
+                   note="preference.loop.step: collect, select, label, push, fit the reward, fit the agent")
+
+
 BUILDERS: dict[str, Callable[[str], HotPath]] = {
     "random_weight_schedule": random_weight_schedule,
     "curriculum_step": curriculum_step,
@@ -218,6 +255,8 @@ BUILDERS: dict[str, Callable[[str], HotPath]] = {
     "active_selection": active_selection,
     "ensemble_epoch": ensemble_epoch,
     "weight_sync": weight_sync,
+    "ppo_update": ppo_update,
+    "loop_round": loop_round,
 }
 
 
