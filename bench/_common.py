@@ -182,13 +182,14 @@ def _fmt_s(x: float | None) -> str:
 
 def format_table(records: list[dict]) -> str:
     """A fixed-width text table of records (one row each)."""
-    head = ["module", "name", "size", "jaxweight", "baseline", "baseline time", "ratio", "goal", "met"]
+    head = ["module", "name", "size", "jaxweight", "baseline", "baseline time", "ratio", "roofline", "goal", "met"]
     rows = []
     for r in records:
         ratio = r.get("ratio")
         rows.append([
             r["module"], r["name"], r["size"], _fmt_s(r["jaxweight_s"]), str(r["baseline"]),
             _fmt_s(r.get("baseline_s")), "-" if ratio is None else f"{ratio:,.1f}x",
+            "-" if r.get("roofline_fraction") is None else f"{r['roofline_fraction']:.0%} ({r['bound']})",
             r.get("goal", ""), {True: "yes", False: "NO", None: ""}[r.get("met")],
         ])
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(head)]

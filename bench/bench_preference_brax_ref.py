@@ -51,6 +51,10 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--deterministic-eval", action="store_true",
                     help="evaluate the policy's mode (brax's default evaluates the stochastic policy)")
+    ap.add_argument("--num-envs", type=int, default=None, help="num_envs (default: brax's)")
+    ap.add_argument("--batch-size", type=int, default=None, help="batch_size (default: brax's)")
+    ap.add_argument("--num-minibatches", type=int, default=None, help="num_minibatches (default: brax's)")
+    ap.add_argument("--episode-length", type=int, default=None, help="episode_length (default: brax's)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     warnings.simplefilter("ignore")
@@ -70,6 +74,9 @@ def main(argv=None):
         cfg["num_timesteps"] = a.steps
     if a.evals:
         cfg["num_evals"] = a.evals
+    for name in ("num_envs", "batch_size", "num_minibatches", "episode_length"):  # small runs (the device suite's check)
+        if getattr(a, name) is not None:
+            cfg[name] = getattr(a, name)
     env = envs.get_environment(a.env)
     curve = []
     t0 = time.perf_counter()

@@ -39,13 +39,14 @@ DEMO_REQUIRES: dict[str, dict[str, str]] = {
 }
 
 BENCH_MODULES = ("random_weighting", "curriculum", "maxent", "preference", "preference_loop", "preference_h2h",
-                 "preference_h2h_mujoco", "sync", "lm")
+                 "preference_h2h_mujoco", "sync", "lm", "roofline")
 
 USAGE = """\
 usage: python -m jaxweight demo [NAME] [demo options]   run a demo (default: {default})
        python -m jaxweight demo --help                  list the demos
        python -m jaxweight demo NAME --help             options of one demo
        python -m jaxweight bench [--only MODULE] [--quick] [--json PATH]
+       python -m jaxweight bench --suite device [--quick] [--out DIR]   every device row, one JSON + PNG
 demo option: --no-compile-cache (do not use JAX's persistent compilation cache)
 demos: {demos}
 """
@@ -219,7 +220,15 @@ def bench(argv: list[str]) -> int:
                    help=f"run only this module (repeatable): {', '.join(BENCH_MODULES)}")
     p.add_argument("--quick", action="store_true", help="small sizes and few repeats (a smoke run)")
     p.add_argument("--json", metavar="PATH", type=_file_path, help="write the records as a JSON list to PATH")
+    p.add_argument("--suite", choices=("device",),
+                   help="device: every accelerator row in one call, one JSON + PNG (bench/device_suite.py)")
+    p.add_argument("--out", metavar="DIR", help="with --suite: the output folder (default: $OUT, else .)")
+    p.add_argument("--parts", metavar="A,B", help="with --suite: a comma-separated subset of its parts")
     args = p.parse_args(argv)
+    if args.suite is None and (args.out or args.parts):
+        p.error("--out and --parts go with --suite")
+    if args.suite and (args.only or args.json):
+        p.error("--only and --json do not go with --suite (it writes its own JSON under --out)")
 
     try:
         bdir = find_bench_dir()
@@ -230,6 +239,10 @@ def bench(argv: list[str]) -> int:
     for d in (str(bdir.parent), str(bdir)):
         if d not in sys.path:
             sys.path.insert(0, d)
+    if args.suite == "device":
+        suite = importlib.import_module("device_suite")
+        return suite.main((["--quick"] if args.quick else []) + (["--out", args.out] if args.out else [])
+                          + (["--parts", args.parts] if args.parts else []))
     common = importlib.import_module("_common")
     records = []
     for mod in args.only or BENCH_MODULES:
