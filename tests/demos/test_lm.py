@@ -171,6 +171,7 @@ def quick_run():
     return lm.run(quick=True)
 
 
+@pytest.mark.slow
 def test_quick_run_outputs(quick_run):
     res = quick_run
     assert res["finished"] and res["steps"] == lm.QUICK.steps
@@ -204,6 +205,7 @@ def test_quick_run_outputs(quick_run):
     assert res["split"]["problems_per_level"]["heldout"][1:] == [lm.QUICK.eval_per_level] * 3
 
 
+@pytest.mark.slow
 def test_resume_gives_the_same_numbers(quick_run, tmp_path):
     path = tmp_path / "ck.jwc"
     part = lm.run(quick=True, checkpoint=path, stop_after_chunks=1)
@@ -218,6 +220,7 @@ def test_resume_gives_the_same_numbers(quick_run, tmp_path):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow
 @pytest.mark.multidevice
 def test_learner_and_actor_on_different_devices_equal_single_device(quick_run, devices8):
     ldev, adev = devices8[:3], devices8[3:6]                        # the 6 runs, 2 per device
