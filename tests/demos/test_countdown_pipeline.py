@@ -51,6 +51,7 @@ def test_arms_are_array_leaves_of_one_program():
         dataclasses.replace(TINY, arms=("drgrpo", "nope"))
 
 
+@pytest.mark.slow
 def test_vmapped_arms_equal_each_arm_alone_and_huge_tau_is_drgrpo(tiny):
     """The R-run program gives each run what it gives that run alone (R = 1, same compiled program for
     both arms: only array leaves differ), and xDr.GRPO at tau = 1e9 is Dr.GRPO."""

@@ -47,6 +47,7 @@ def test_off_by_default_and_recorded_only_when_on():
         AgentGenerator(env, p, config=PPOConfig(**TINY, reward_scaling=0.0))
 
 
+@pytest.mark.slow
 def test_statistics_follow_training_and_rewards_scale():
     env, p = make_env("pendulum")
     cfg = PPOConfig(**TINY, normalize_observations=True, reward_scaling=10.0)
@@ -95,6 +96,7 @@ def test_absorbing_bootstrap_ends_and_resets_with_the_value_of_absorbing():
         AgentGenerator(*make_env("cartpole"), config=cfg)
 
 
+@pytest.mark.slow
 def test_tanh_squash_maps_into_the_box_and_trains():
     """PPOConfig.tanh_squash: off by default (not in the fingerprint); on, the environment gets the squashed
     pre-tanh sample rescaled to the action box, and training runs with the entropy's tanh Jacobian term."""
@@ -130,6 +132,7 @@ def test_max_grad_norm_none_is_no_clipping():
     assert np.max(np.abs(none - tight)) > 1e-4
 
 
+@pytest.mark.slow
 def test_state_dependent_std_is_brax_softplus_scale_and_trains():
     """PPOConfig.state_dependent_std: the output layer gives mean and std per state (softplus(raw) + 0.001,
     ~0.69 at the start), the log-probability and entropy use the per-state std, and training runs; off by
