@@ -201,6 +201,7 @@ def test_a_host_teachers_answers_reach_the_buffer_and_its_programs_compile_once(
     assert not np.all(np.asarray(buf.pairs.valid)) and np.any(np.asarray(buf.pairs.valid))
 
 
+@pytest.mark.slow
 def test_a_host_teacher_is_checked(loops):
     pc = loops.make_dataset_loop(loops._random_policy_trajs(jax.random.key(0), 3_000), num_iterations=1)
 

@@ -89,6 +89,7 @@ def test_reward_nets_and_ensembles():
     assert r.shape == (8, 2, L, 3) and bool(jnp.all(var >= 0))
 
 
+@pytest.mark.slow
 def test_bradley_terry_saturated_probabilities_and_loss(jit_or_eager):
     def f(r1, r2, probs, prefs):
         single = pf.probability(r1, r2)                  # D = -300: clipped, p = 1 exactly in float32

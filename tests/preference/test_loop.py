@@ -95,6 +95,7 @@ def test_plan_is_imitations_arithmetic():
     assert q.plan(T, C).capacity == 10
 
 
+@pytest.mark.slow
 def test_loop_contract_and_donation(dataset_trajs, tmp_path):
     """The pure component: config / init / step (one round, key explicit) / run / metrics_dict."""
     from tests.contracts import check_state_contract
@@ -423,6 +424,7 @@ class _VariableGenerator:
         return state
 
 
+@pytest.mark.slow
 def test_variable_horizons_are_refused(dataset_trajs, caplog):
     net = reward_net(make_env("cartpole")[0], hidden_sizes=(8,))
     pc = dr.PreferenceComparisons(_VariableGenerator(), net, num_iterations=1, fragment_length=3, progress=False,
