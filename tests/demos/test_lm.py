@@ -245,6 +245,19 @@ def test_learner_and_actor_on_different_devices_equal_single_device(quick_run, d
             np.testing.assert_allclose(a["arms"][arm]["trace"][k][:1], v[:1], rtol=2e-4, atol=2e-5, err_msg=k)
 
 
+@pytest.mark.smoke
+def test_cli_smoke_tiny(tmp_path, capsys):
+    """Smoke (the fast tier's end-to-end run of the demo): the quick task cut to a few steps."""
+    rc = lm.main(["--quick", "--steps", "4", "--sft-steps", "2", "--eval-every", "2", "--out", str(tmp_path),
+                  "--no-progress"])
+    assert rc == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert {"split", "arms"} <= set(res) and "heldout_hard_accuracy_final" in res["arms"]["full"]
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) >= 4
+    assert "full" in capsys.readouterr().out
+
+
+@pytest.mark.slow
 def test_cli_quick_writes_outputs(tmp_path, capsys):
     rc = lm.main(["--quick", "--out", str(tmp_path), "--no-progress"])
     assert rc == 0

@@ -70,6 +70,7 @@ def test_statistics_follow_training_and_rewards_scale():
     assert ret.shape == (2,) and bool(jnp.all(jnp.isfinite(ret)))
 
 
+@pytest.mark.slow
 def test_absorbing_bootstrap_ends_and_resets_with_the_value_of_absorbing():
     """Training rollouts on a FixedHorizon env: an env that terminates ends its PPO episode there, with the
     discounted value of absorbing forever (gamma r_abs / (1 - gamma), r_abs the learned reward of an absorbing
@@ -113,6 +114,7 @@ def test_tanh_squash_maps_into_the_box_and_trains():
     assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(s.ppo.params))
 
 
+@pytest.mark.slow
 def test_max_grad_norm_none_is_no_clipping():
     """PPOConfig.max_grad_norm=None (brax's PPO, the brax demo's default) trains exactly as a clip at a norm that
     is never reached, differs from a clip that is, and is recorded in the fingerprint as None."""
@@ -159,6 +161,7 @@ def test_state_dependent_std_is_brax_softplus_scale_and_trains():
     assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(s.ppo.params))
 
 
+@pytest.mark.slow
 def test_skip_obs_hides_the_leading_entries_from_actor_and_critic():
     """PPOConfig.skip_obs: the networks read obs[..., k:] (the first-layer kernels have D - k rows), so the
     leading entries change nothing; training runs; recorded only when set; bad values raise."""
@@ -180,6 +183,7 @@ def test_skip_obs_hides_the_leading_entries_from_actor_and_critic():
             AgentGenerator(env, p, config=PPOConfig(**TINY, skip_obs=bad))
 
 
+@pytest.mark.slow
 def test_gae_per_minibatch_recomputes_advantages_with_the_current_critic():
     """PPOConfig.gae_per_minibatch (brax's PPO): with one minibatch and one epoch the single gradient step
     sees the rollout's own critic, so it is the step of the default path (the same transitions, in another
@@ -229,6 +233,7 @@ def test_split_unrolls_cuts_each_environments_rollout_in_order():
     np.testing.assert_array_equal(after1, last_obs)
 
 
+@pytest.mark.slow
 def test_unroll_length_cuts_the_rollout_for_gae_per_minibatch():
     """PPOConfig.unroll_length: num_steps gives the update of None exactly; shorter unrolls (each bootstrapped
     from the critic) give another update, finite; recorded only when set; and one clear error each for use
