@@ -184,6 +184,7 @@ def test_buffer_component(jit_or_eager):
     assert checked(pbuf.metrics_dict, full, cfg)["buffer/size"] == 6.0
 
 
+@pytest.mark.slow
 def test_reward_trainer_component():
     """``init`` eagerly, ``step`` and ``epoch`` jitted (their loss math is checked eagerly above) with an Lp
     regulariser and a lambda updater (validation split), the host :class:`RewardTrainer` on the same config
@@ -226,6 +227,7 @@ def _tie_dataset_config():
                      initial_comparison_frac=0.5, initial_epoch_multiplier=1.0)
 
 
+@pytest.mark.slow
 def test_loop_step_reports_unmeasured_metrics_by_counts():
     """``loop.init`` and ``loop.step`` jitted (how they run; the eager math is checked above)."""
     from jaxweight.preference import loop as lp
