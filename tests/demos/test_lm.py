@@ -95,6 +95,7 @@ def _tiny_model():
     return model, params, prompts
 
 
+@pytest.mark.slow
 def test_sampling_logp_matches_teacher_forcing():
     model, params, prompts = _tiny_model()
     s = LMM.sample(model, params, prompts, jax.random.key(1), T.COMPLETION_LEN, 1.0)
@@ -109,6 +110,7 @@ def test_sampling_logp_matches_teacher_forcing():
     np.testing.assert_allclose(np.where(s.mask, ent, 0.0), s.entropy, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_sampled_logp_is_that_of_the_tempered_distribution():
     # tokens drawn from softmax(logits / T) record log softmax(logits / T), not the untempered log-prob
     model, params, prompts = _tiny_model()
@@ -127,6 +129,7 @@ def test_sampled_logp_is_that_of_the_tempered_distribution():
     np.testing.assert_allclose(freq, want, atol=0.03)
 
 
+@pytest.mark.slow
 def test_one_update_raises_logp_of_positive_signal_completions():
     """One step of the pipeline's loss + optimiser raises the log-prob of completions with a
     positive signal and lowers those with a negative one."""

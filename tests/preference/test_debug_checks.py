@@ -242,6 +242,7 @@ def test_loop_step_reports_unmeasured_metrics_by_counts():
     assert flat["preference/loop/fresh_accuracy"] == 0.0 and flat["preference/loop/gt_episodes"] == 0.0
 
 
+@pytest.mark.slow
 def test_driver_phase_programs_with_an_agent():
     """``init`` and the driver's phase programs of two rounds (tiny CartPole agent), each checked:
     round 0 with the synthetic teacher's ``collect``, round 1 with a host teacher's
