@@ -33,3 +33,14 @@ def devices8():
     if len(devs) < 8:
         pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8 before JAX starts")
     return devs[:8]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """The fast tier (``-m "not slow"``) runs the jit twin of each ``jit_or_eager`` pair; the eager twin
+    runs op by op (every primitive compiled on its own, several times the CPU time), so it is marked
+    ``slow`` and runs with the whole suite."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("jit_or_eager") == "eager":
+            item.add_marker(pytest.mark.slow)

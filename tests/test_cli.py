@@ -148,6 +148,7 @@ _CACHE_PROBE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_persistent_compile_cache_second_run_compiles_nothing(tmp_path):
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "XLA_FLAGS": ""}
     env.pop("JAXWEIGHT_CACHE_DIR", None)
@@ -208,6 +209,7 @@ def test_ci_runs_the_readme_test_command():
     assert "ci:test-command" in (REPO / ".ci" / "run").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.smoke
 def test_bench_runner_quick_json(tmp_path):
     """Smoke: the bench runner runs one module's quick benchmark and writes the JSON records."""

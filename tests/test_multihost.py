@@ -18,6 +18,8 @@ import jax
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow
+
 from tests import multihost_worker as worker
 
 ROOT = Path(__file__).resolve().parents[1]

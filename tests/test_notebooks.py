@@ -19,6 +19,7 @@ MISSING = [m for m in ("nbformat", "nbclient", "ipykernel", "matplotlib") if imp
 @pytest.mark.skipif(not NOTEBOOKS, reason="no notebooks yet")
 @pytest.mark.skipif(bool(MISSING), reason=f"the notebook kernel stack is not installed ({', '.join(MISSING)}): "
                     "pip install -e '.[notebooks]' (CI runs the notebooks in a step of their own)")
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_executes(path, tmp_path, monkeypatch):
     import nbclient

@@ -99,6 +99,11 @@ LABEL_MODULES = ("starlette", "uvicorn", "PIL")
 LABELS_NAME = "labels.jsonl"
 
 
+class EnvIdError(ValueError):
+    """An environment id the demo cannot run (its form, or an id ``make_env`` does not know):
+    the command line names ``--env`` in its one-line error."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """Everything that defines a demo run (JSON-friendly)."""
@@ -212,7 +217,10 @@ def _generic_base(env: str, quick: bool, agent: str = "ppo") -> dict:
     from gymnax.environments import spaces
 
     family, _, name = env.partition(":")
-    e, p = make_env(env)  # an unknown id or a missing extra: make_env's error
+    try:
+        e, p = make_env(env)  # an unknown id or a missing extra: make_env's error
+    except ValueError as err:
+        raise EnvIdError(str(err)) from None
     discrete = isinstance(e.action_space(p), spaces.Discrete)
     if agent == "sac" and discrete:
         raise ValueError(f"agent 'sac' needs continuous actions; {env} has {e.action_space(p).n} discrete ones "
@@ -308,7 +316,7 @@ def settings(env: str = "cartpole", quick: bool = False, seeds: int | None = Non
     elif isinstance(env, str) and env.partition(":")[0] in ("gymnax", "brax") and ":" in env:
         base = _generic_base(env, quick, agent)
     else:
-        raise ValueError(f"env must be 'cartpole', 'pendulum', 'gymnax:<id>' or 'brax:<name>', got {env!r}")
+        raise EnvIdError(f"env must be 'cartpole', 'pendulum', 'gymnax:<id>' or 'brax:<name>', got {env!r}")
     if teacher not in TEACHERS:
         raise ValueError(f"teacher must be one of {list(TEACHERS)}, got {teacher!r}")
     human = teacher == "human"
@@ -887,6 +895,9 @@ def main(argv: list[str] | None = None) -> int:
                   port=args.port or 0, agent=args.agent, **overrides)
     except StateFileError as e:  # a damaged or foreign checkpoint or label log
         return _fail(str(e).splitlines()[0])
+    except EnvIdError as e:  # named as argparse names a bad value: "argument --env: ..."
+        msg = " ".join(str(e).split())
+        return _fail(f"argument --env: {msg[len('env '):] if msg.startswith('env must') else msg}")
     except (ValueError, ImportError) as e:  # settings the loop refuses, a checkpoint of other settings, an
         return _fail(" ".join(str(e).split()))  # unknown env id or the missing extra of one
     print(report(res))
@@ -894,6 +905,6 @@ def main(argv: list[str] | None = None) -> int:
     return C.finish(goals(res), args.strict)
 
 
-__all__ = ["Settings", "settings", "file_tag", "build", "human_teacher", "evaluate", "true_reward_baseline",
+__all__ = ["EnvIdError", "Settings", "settings", "file_tag", "build", "human_teacher", "evaluate", "true_reward_baseline",
            "random_return", "normalised_score", "format_table",
            "goals", "make_figure", "plot", "run", "report", "parser", "main"]

@@ -388,8 +388,12 @@ def update_tau(state: ControllerState, measured_entropy: Any, global_step: Any, 
 
     The measurement is used only if it is valid: a :class:`~jaxweight.maxent.WeightEntropy`
     that saw at least one group (``count > 0``; an all-masked or all-NaN batch saw none), or
-    a number, in both cases with ``valid`` set and a finite value. An invalid measurement
-    leaves the state exactly unchanged (EMA, flags and target included). With a valid ``m``:
+    a number, in both cases with ``valid`` set and a finite value.
+
+    The first call starts the EMA (maxent_grpo's rule): at ``m`` if ``m`` is valid, else at
+    the current ``tau`` (``has_entropy_ema`` becomes True either way; nothing else changes on
+    an invalid first measurement). Once the EMA is set, an invalid measurement leaves the
+    state exactly unchanged (EMA, flags and target included). With a valid ``m``:
 
     1. ``lr = learning_rate * (max(lr_scale, 0) if lr_scale is finite else 1)``.
     2. A first measurement (``has_entropy_ema`` False) starts the EMA at ``m``.
@@ -420,7 +424,8 @@ def update_tau(state: ControllerState, measured_entropy: Any, global_step: Any, 
     lr_scale = f32(lr_scale)
     lr = f32(schedule.learning_rate) * jnp.where(jnp.isfinite(lr_scale), jnp.maximum(lr_scale, 0.0), 1.0)
 
-    ema0 = jnp.where(state.has_entropy_ema, state.entropy_ema, m)
+    # an unset EMA starts at m, or at tau when m is invalid (maxent_grpo: an unmeasured EMA reads tau)
+    ema0 = jnp.where(state.has_entropy_ema, state.entropy_ema, jnp.where(m_ok, m, state.tau))
     target, has_target = target_entropy_at(schedule, step)
     warm = step <= jnp.maximum(0, jnp.asarray(schedule.warmup_steps, jnp.int32))
     active = m_ok & has_target & ~warm
@@ -433,8 +438,9 @@ def update_tau(state: ControllerState, measured_entropy: Any, global_step: Any, 
     cap = f32(schedule.maximum_value)
     tau = jnp.where(cap > 0, jnp.minimum(tau, cap), tau)
 
-    new = state.replace(entropy_ema=jnp.where(m_ok, jnp.where(active, ema1, ema0), state.entropy_ema),
-                        has_entropy_ema=state.has_entropy_ema | m_ok,
+    # invalid m: ema0 is the EMA as it was, or tau on the first call
+    new = state.replace(entropy_ema=jnp.where(active, ema1, ema0),
+                        has_entropy_ema=jnp.ones_like(state.has_entropy_ema),
                         current_target=jnp.where(m_ok, target, state.current_target),
                         has_target=jnp.where(m_ok, has_target, state.has_target))
     return _write_back(new, tau, new.beta, move)

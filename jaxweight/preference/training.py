@@ -273,6 +273,21 @@ def _gather(buffer_pairs: FragmentPairs, idx: Array) -> FragmentPairs:
     return jax.tree.map(lambda x: x[idx], buffer_pairs)
 
 
+def _check_batch(pairs: FragmentPairs, prefs: Any, lead: tuple[int, ...]) -> None:
+    """Refuse a batch whose pairs or preferences do not have the step's leading shape ``lead``
+    (static shapes only: free under ``jit``)."""
+    want = (*lead, 2)
+    for name, x, rest in (("rews", pairs.rews, "L"), ("obs", pairs.obs, "L+1, ..."), ("acts", pairs.acts, "L, ...")):
+        got = tuple(np.shape(x))
+        if got[: len(want)] != want or len(got) <= len(want):
+            raise ValueError(f"pairs.{name} must have shape ({', '.join(map(str, want))}, {rest}) "
+                             f"(the step's batch of pairs, two fragments each), got {got}")
+    if isinstance(prefs, FragmentPairs | Trajectories):
+        raise ValueError(f"prefs must be f32{list(lead)} preferences, got a {type(prefs).__name__}")
+    if tuple(np.shape(prefs)) != lead:
+        raise ValueError(f"prefs must have shape {lead}, got {tuple(np.shape(prefs))}")
+
+
 def step(
     state: TrainerState, pairs: FragmentPairs, prefs: Array, cfg: TrainerConfig, *, mask: Array | None = None,
     axis_name: str | None = None, mesh: Any = None,
@@ -302,10 +317,14 @@ def step(
       (masked-in pairs left out for bad data).
 
     Raises:
-      ValueError: concrete ``pairs.acts`` / ``pairs.obs`` (masked in) outside the
-        net's discrete space, naming the index, value and space (traced ones are
-        left out and counted); ``prefs`` of the wrong shape.
+      ValueError: ``pairs`` not a :class:`FragmentPairs`; ``pairs`` or ``prefs`` without
+        the step's batch shape (each named); concrete ``pairs.acts`` / ``pairs.obs``
+        (masked in) outside the net's discrete space, naming the index, value and space
+        (traced ones are left out and counted).
     """
+    if not isinstance(pairs, FragmentPairs):
+        got = f"an array of shape {np.shape(pairs)}" if hasattr(pairs, "shape") else type(pairs).__name__
+        raise ValueError(f"pairs must be a FragmentPairs (e.g. from fragment_pairs_from_arrays), got {got}")
     check_inputs(cfg.module, pairs.obs, pairs.acts, names=("pairs.obs", "pairs.acts"), where=mask)
     if mesh is not None:
         from jax.sharding import PartitionSpec as P  # noqa: PLC0415
@@ -313,8 +332,7 @@ def step(
         axis = axis_name or "data"
         b = _local_batch(cfg, int(mesh.shape[axis]), axis) * int(mesh.shape[axis])
         lead = (cfg.num_members, b) if cfg.ensemble else (b,)
-        if tuple(np.shape(prefs)) != lead:
-            raise ValueError(f"prefs must have shape {lead}, got {tuple(np.shape(prefs))}")
+        _check_batch(pairs, prefs, lead)
         mask = jnp.ones(lead, bool) if mask is None else jnp.asarray(mask, bool)
         rows = P(None, axis) if cfg.ensemble else P(axis)
         fn = jax.shard_map(
@@ -325,8 +343,7 @@ def step(
     _check_traced(cfg)
     b = _local_batch(cfg, _n_dev(axis_name), axis_name)
     lead = (cfg.num_members, b) if cfg.ensemble else (b,)
-    if tuple(np.shape(prefs)) != lead:
-        raise ValueError(f"prefs must have shape {lead}, got {tuple(np.shape(prefs))}")
+    _check_batch(pairs, prefs, lead)
     mask = jnp.ones(lead, bool) if mask is None else jnp.asarray(mask, bool)
     fn = partial(_member_step, cfg, axis_name)
     params, opt_state, stats = _vm(cfg, fn)(

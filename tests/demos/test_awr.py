@@ -29,3 +29,16 @@ def test_demo_group_advantages_is_the_library_one():
     want = (x - x.mean(1, keepdims=True)) / (x.std(1, keepdims=True) + 1e-6)
     np.testing.assert_allclose(demo.group_advantages(r), want, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(demo.group_advantages(r), maxent.group_advantages(x, eps=1e-6, ddof=0))
+
+
+@pytest.mark.smoke
+def test_demo_smoke_tiny(tmp_path, monkeypatch):
+    """Smoke (the fast tier's end-to-end run of the demo): tiny sizes, every output written and finite."""
+    from jaxweight.demos import awr as demo
+
+    monkeypatch.setitem(demo.SIZES, "quick", dict(train=8, group=4, test=16, test_group=4, epochs=1, seeds=1))
+    res = demo.run(quick=True, out=tmp_path, progress=False, log=lambda *a: None)
+    assert {r["method"] for r in res["rows"]} >= {"policy", "default", "random"}
+    assert all(np.isfinite(r["r_free_mean"]) for r in res["rows"])
+    for name in ("awr_demo.json", "awr_demo.txt", "metrics.jsonl"):
+        assert (tmp_path / name).stat().st_size > 0

@@ -51,6 +51,7 @@ def test_arms_are_array_leaves_of_one_program():
         dataclasses.replace(TINY, arms=("drgrpo", "nope"))
 
 
+@pytest.mark.slow
 def test_vmapped_arms_equal_each_arm_alone_and_huge_tau_is_drgrpo(tiny):
     """The R-run program gives each run what it gives that run alone (R = 1, same compiled program for
     both arms: only array leaves differ), and xDr.GRPO at tau = 1e9 is Dr.GRPO."""
@@ -70,6 +71,7 @@ def test_vmapped_arms_equal_each_arm_alone_and_huge_tau_is_drgrpo(tiny):
     np.testing.assert_allclose(m["effective_candidates"][:, 0], m["effective_candidates"][:, 1], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_xdr_weights_move_the_update_where_rewards_differ(tiny):
     """With a group holding right and wrong answers, tau = 0.05 and Dr.GRPO take different steps."""
     task, pipe, params = tiny
@@ -93,6 +95,7 @@ def test_xdr_weights_move_the_update_where_rewards_differ(tiny):
     assert np.all(np.asarray(m["incorrect_mass"])[:, 0][inf[:, 0]] > 0.05)
 
 
+@pytest.mark.slow
 def test_eval_metrics_on_a_hand_built_case():
     probs = C.candidates()
     i = probs.keys.index("2,3,4=24")           # modes: 2*(3*4), 3*(2*4), 4*(2*3)

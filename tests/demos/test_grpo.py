@@ -114,3 +114,15 @@ def test_grpo_demo_run_rejects_bad_steps_and_seed():
         grpo.run(quick=True, seed=-1, progress=False)
 
 
+
+
+@pytest.mark.smoke
+def test_grpo_demo_smoke_tiny(tmp_path):
+    """Smoke (the fast tier's end-to-end run of the demo): a tiny task, both methods, outputs written."""
+    from jaxweight.demos import grpo
+
+    cfg = grpo.DemoConfig(prompts=8, candidates=6, generations=4, correct=2, steps=4, chunks=2)
+    res = grpo.run(out=tmp_path, progress=False, cfg=cfg)
+    for method in ("grpo", "maxent"):
+        assert len(res[method]["reward"]) == 4 and np.all(np.isfinite(res[method]["reward"])), method
+    assert (tmp_path / "results.json").stat().st_size > 0 and (tmp_path / "metrics.jsonl").stat().st_size > 0

@@ -95,6 +95,7 @@ def _tiny_model():
     return model, params, prompts
 
 
+@pytest.mark.slow
 def test_sampling_logp_matches_teacher_forcing():
     model, params, prompts = _tiny_model()
     s = LMM.sample(model, params, prompts, jax.random.key(1), T.COMPLETION_LEN, 1.0)
@@ -109,6 +110,7 @@ def test_sampling_logp_matches_teacher_forcing():
     np.testing.assert_allclose(np.where(s.mask, ent, 0.0), s.entropy, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_sampled_logp_is_that_of_the_tempered_distribution():
     # tokens drawn from softmax(logits / T) record log softmax(logits / T), not the untempered log-prob
     model, params, prompts = _tiny_model()
@@ -127,6 +129,7 @@ def test_sampled_logp_is_that_of_the_tempered_distribution():
     np.testing.assert_allclose(freq, want, atol=0.03)
 
 
+@pytest.mark.slow
 def test_one_update_raises_logp_of_positive_signal_completions():
     """One step of the pipeline's loss + optimiser raises the log-prob of completions with a
     positive signal and lowers those with a negative one."""
@@ -171,6 +174,7 @@ def quick_run():
     return lm.run(quick=True)
 
 
+@pytest.mark.slow
 def test_quick_run_outputs(quick_run):
     res = quick_run
     assert res["finished"] and res["steps"] == lm.QUICK.steps
@@ -204,6 +208,7 @@ def test_quick_run_outputs(quick_run):
     assert res["split"]["problems_per_level"]["heldout"][1:] == [lm.QUICK.eval_per_level] * 3
 
 
+@pytest.mark.slow
 def test_resume_gives_the_same_numbers(quick_run, tmp_path):
     path = tmp_path / "ck.jwc"
     part = lm.run(quick=True, checkpoint=path, stop_after_chunks=1)
@@ -218,6 +223,7 @@ def test_resume_gives_the_same_numbers(quick_run, tmp_path):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow
 @pytest.mark.multidevice
 def test_learner_and_actor_on_different_devices_equal_single_device(quick_run, devices8):
     ldev, adev = devices8[:3], devices8[3:6]                        # the 6 runs, 2 per device
@@ -242,6 +248,19 @@ def test_learner_and_actor_on_different_devices_equal_single_device(quick_run, d
             np.testing.assert_allclose(a["arms"][arm]["trace"][k][:1], v[:1], rtol=2e-4, atol=2e-5, err_msg=k)
 
 
+@pytest.mark.smoke
+def test_cli_smoke_tiny(tmp_path, capsys):
+    """Smoke (the fast tier's end-to-end run of the demo): the quick task cut to a few steps."""
+    rc = lm.main(["--quick", "--steps", "4", "--sft-steps", "2", "--eval-every", "2", "--out", str(tmp_path),
+                  "--no-progress"])
+    assert rc == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert {"split", "arms"} <= set(res) and "heldout_hard_accuracy_final" in res["arms"]["full"]
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) >= 4
+    assert "full" in capsys.readouterr().out
+
+
+@pytest.mark.slow
 def test_cli_quick_writes_outputs(tmp_path, capsys):
     rc = lm.main(["--quick", "--out", str(tmp_path), "--no-progress"])
     assert rc == 0

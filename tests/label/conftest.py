@@ -131,7 +131,7 @@ def browser():
     """Headless Chromium driven by Selenium with the system chromedriver (skips when absent)."""
     pytest.importorskip("starlette", reason="needs the label extra (pip install -e '.[label]')")
     pytest.importorskip("uvicorn", reason="needs the label extra (pip install -e '.[label]')")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (the label extra)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (the test extra)")
     from selenium.webdriver.chrome.service import Service
 
     binary, driver = _browser_paths()

@@ -11,6 +11,8 @@ import json
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow
+
 from tests.label.conftest import Api, Asker, wait_for_round
 
 WAIT_S = 30

@@ -85,6 +85,7 @@ class _OracleTeacher:
 
 
 # ------------------------------------------------------------------ the driver with a person on the page
+@pytest.mark.slow
 def test_a_person_who_compares_true_returns_gives_the_noiseless_synthetic_teachers_run(loops, oracle, tmp_path):
     """Over HTTP, answering each pair the page shows after fetching its clips.
 
@@ -152,6 +153,7 @@ def test_a_person_who_compares_true_returns_gives_the_noiseless_synthetic_teache
 
 
 # ------------------------------------------------------------------ the driver with a host teacher (no page)
+@pytest.mark.slow
 def test_a_host_teachers_answers_reach_the_buffer_and_its_programs_compile_once(loops, oracle):
     """Skipped pairs are stored invalid; ``predicted`` is the model's ranking (it gives ``fresh_accuracy``);
     the host path compiles init + collect_pairs + push + fit_reward + fit_agent + finish once."""
@@ -199,6 +201,7 @@ def test_a_host_teachers_answers_reach_the_buffer_and_its_programs_compile_once(
     assert not np.all(np.asarray(buf.pairs.valid)) and np.any(np.asarray(buf.pairs.valid))
 
 
+@pytest.mark.slow
 def test_a_host_teacher_is_checked(loops):
     pc = loops.make_dataset_loop(loops._random_policy_trajs(jax.random.key(0), 3_000), num_iterations=1)
 
@@ -237,6 +240,7 @@ def test_a_host_teacher_is_checked(loops):
     assert pc.state.buffer.prefs.shape == (1, 30) and np.all(np.asarray(pc.state.buffer.pairs.valid))
 
 
+@pytest.mark.slow
 def test_a_resume_with_another_teacher_is_refused_unless_allowed(loops, oracle, tmp_path):
     from jaxweight import checkpoint
     from jaxweight.preference import driver as dr
@@ -375,6 +379,7 @@ def test_human_teacher_on_an_env_without_a_renderer_is_a_clear_error(tmp_path, c
     assert code == 2 and "no renderer for environment 'gymnax:Acrobot-v1'" in err, err
 
 
+@pytest.mark.slow
 def test_a_demo_run_killed_mid_round_resumes_with_every_label_and_ends_like_an_uninterrupted_one(loops, tmp_path):
     pytest.importorskip("starlette", reason=WEB_REASON)
     pytest.importorskip("uvicorn", reason=WEB_REASON)

@@ -112,18 +112,30 @@ def _same(a, b):
         np.testing.assert_array_equal(x, y)
 
 
-def test_tau_invalid_first_measurement_changes_nothing():
-    """An invalid measurement (non-finite, ``valid=False``, or a WeightEntropy of an all-masked
-    batch) leaves even an unset EMA unset; the next valid one starts it with itself."""
+def test_tau_invalid_first_measurement_starts_the_ema_at_tau():
+    """maxent_grpo's rule: an invalid first measurement (non-finite, ``valid=False``, or a
+    WeightEntropy of an all-masked batch) sets the unset EMA to tau and nothing else; the next
+    valid one moves that EMA; a later invalid measurement changes nothing."""
     fresh = ctl(0.5, 0.0)
     empty = M.weight_entropy(jnp.zeros((2, 3)), jnp.zeros((2, 3), bool))
     assert int(empty.count) == 0 and not bool(empty.valid) and float(empty.mean) == 0.0
     for out in (M.update_tau(fresh, float("nan"), 5, SCHED), M.update_tau(fresh, float("inf"), 5, SCHED),
-                M.update_tau(fresh, 1.0, 5, SCHED, valid=False), M.update_tau(fresh, empty, 5, SCHED)):
-        _same(out, fresh)
+                M.update_tau(fresh, 1.0, 5, SCHED, valid=False), M.update_tau(fresh, empty, 5, SCHED),
+                jax.jit(M.update_tau)(fresh, empty, 5, SCHED), M.update_tau(fresh, float("nan"), 0, SCHED)):
+        assert f(out.entropy_ema) == 0.5 and bool(out.has_entropy_ema)
+        _same(out.replace(entropy_ema=fresh.entropy_ema, has_entropy_ema=fresh.has_entropy_ema), fresh)
+        _same(M.update_tau(out, float("nan"), 6, SCHED), out)  # later invalid ones change nothing
         nxt = M.update_tau(out, 1.0, 6, SCHED)
-        assert f(nxt.entropy_ema) == 1.0 and bool(nxt.has_entropy_ema)
-        np.testing.assert_allclose(f(nxt.tau), 0.5 * math.exp(0.1 * (0.8 - 1.0)), rtol=1e-6)
+        ema = 0.9 * 0.5 + 0.1 * 1.0
+        np.testing.assert_allclose(f(nxt.entropy_ema), ema, rtol=1e-6)
+        np.testing.assert_allclose(f(nxt.tau), 0.5 * math.exp(0.1 * (0.8 - ema)), rtol=1e-6)
+    # without a target the EMA still starts at tau (as a valid first measurement starts it at m)
+    no_target = M.update_tau(ctl(0.3, 0.0), float("nan"), 5, SCHED.replace(target_entropy=None))
+    assert f(no_target.entropy_ema) == pytest.approx(0.3) and bool(no_target.has_entropy_ema)
+    # vmapped over a sweep: each member starts at its own tau
+    taus = jnp.array([0.2, 0.5, 1.0], jnp.float32)
+    swept = jax.vmap(lambda t: M.update_tau(ctl(t, 0.0), jnp.nan, 5, SCHED))(taus)
+    np.testing.assert_allclose(np.asarray(swept.entropy_ema), np.asarray(taus), rtol=0)
     # a finite first measurement initialises the EMA with itself
     assert f(M.update_tau(fresh, 1.3, 0, SCHED).entropy_ema) == pytest.approx(1.3)
 

@@ -589,3 +589,28 @@ def test_cross_entropy_loss_refuses_concrete_bad_targets_and_masks_traced_ones()
     assert int(m["n_invalid"]) == 2 and float(loss) == pytest.approx(float(ref), rel=1e-6)
     g = jax.grad(lambda p: loss_fn(p, jnp.array([0.5, -1.0, jnp.nan, 0.0]))[0])(probs)
     assert np.all(np.isfinite(np.asarray(g))) and float(g[1]) == 0.0 and float(g[2]) == 0.0
+
+
+def test_step_names_pairs_and_prefs_of_the_wrong_type_or_shape():
+    """``step`` checks what it is given before reading it: a bare array as ``pairs`` (once an
+    AttributeError on ``obs``), preferences in the place of pairs or the reverse, and batches of the
+    wrong size each raise a ValueError naming the argument, eagerly and under ``jit``."""
+    idx = jnp.arange(12).reshape(3, 4)  # 3 members x batch 4
+    pairs, prefs = jax.tree.map(lambda x: x[idx], PAIRS), PREFS[idx]
+    tr.step(STATE, pairs, prefs, CFG)  # the right batch runs
+    jit_step = jaxweight.checked(jax.jit(tr.step))
+    for run in (tr.step, jit_step):
+        for bare in (pairs.obs, np.asarray(pairs.obs)):
+            with pytest.raises(ValueError, match=r"pairs must be a FragmentPairs \(e\.g\. from fragment_pairs_from_"
+                                                 r"arrays\), got an array of shape \(3, 4, 2, 4, 2\)"):
+                run(STATE, bare, prefs, CFG)
+        with pytest.raises(ValueError, match=r"pairs must be a FragmentPairs .*got dict"):
+            run(STATE, {"obs": pairs.obs}, prefs, CFG)
+        with pytest.raises(ValueError, match=r"prefs must be f32\[3, 4\] preferences, got a FragmentPairs"):
+            run(STATE, pairs, pairs, CFG)
+        with pytest.raises(ValueError, match=r"pairs\.rews must have shape \(3, 4, 2, L\) .*got \(12, 2, 3\)"):
+            run(STATE, PAIRS, prefs, CFG)
+        with pytest.raises(ValueError, match=r"pairs\.obs must have shape \(3, 4, 2, L\+1, \.\.\.\) .*got \(3, 4\)"):
+            run(STATE, pairs.replace(obs=pairs.obs[:, :, 0, 0, 0]), prefs, CFG)
+        with pytest.raises(ValueError, match=r"prefs must have shape \(3, 4\), got \(3, 2\)"):
+            run(STATE, pairs, prefs[:, :2], CFG)

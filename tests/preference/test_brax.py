@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow
+
 from jaxweight import preference as pf
 from jaxweight.preference import driver as dr
 from jaxweight.preference.brax_envs import BraxEnv, brax_names

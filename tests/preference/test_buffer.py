@@ -57,6 +57,7 @@ def test_more_than_capacity_keeps_newest_and_capacity_zero_refused():
         _init(0, _pairs([0]))
 
 
+@pytest.mark.slow
 def test_push_count_equals_push_of_the_prefix():
     """One push path: ``count`` (traced or not) writes the first ``count`` pairs, exactly like
     pushing the prefix (this replaced the loop's ``push_first``)."""
@@ -89,6 +90,7 @@ def test_imitation_error_messages():
         _init(-1, _pairs([0]))
 
 
+@pytest.mark.slow
 @settings(max_examples=20, deadline=None)
 @given(st.sampled_from([1, 3, 5]), st.lists(st.sampled_from([0, 1, 2, 3, 7]), min_size=1, max_size=6))
 def test_fifo_keeps_the_newest(capacity, push_sizes):

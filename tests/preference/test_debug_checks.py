@@ -89,6 +89,7 @@ def test_reward_nets_and_ensembles():
     assert r.shape == (8, 2, L, 3) and bool(jnp.all(var >= 0))
 
 
+@pytest.mark.slow
 def test_bradley_terry_saturated_probabilities_and_loss(jit_or_eager):
     def f(r1, r2, probs, prefs):
         single = pf.probability(r1, r2)                  # D = -300: clipped, p = 1 exactly in float32
@@ -183,6 +184,7 @@ def test_buffer_component(jit_or_eager):
     assert checked(pbuf.metrics_dict, full, cfg)["buffer/size"] == 6.0
 
 
+@pytest.mark.slow
 def test_reward_trainer_component():
     """``init`` eagerly, ``step`` and ``epoch`` jitted (their loss math is checked eagerly above) with an Lp
     regulariser and a lambda updater (validation split), the host :class:`RewardTrainer` on the same config
@@ -225,6 +227,7 @@ def _tie_dataset_config():
                      initial_comparison_frac=0.5, initial_epoch_multiplier=1.0)
 
 
+@pytest.mark.slow
 def test_loop_step_reports_unmeasured_metrics_by_counts():
     """``loop.init`` and ``loop.step`` jitted (how they run; the eager math is checked above)."""
     from jaxweight.preference import loop as lp
@@ -239,6 +242,7 @@ def test_loop_step_reports_unmeasured_metrics_by_counts():
     assert flat["preference/loop/fresh_accuracy"] == 0.0 and flat["preference/loop/gt_episodes"] == 0.0
 
 
+@pytest.mark.slow
 def test_driver_phase_programs_with_an_agent():
     """``init`` and the driver's phase programs of two rounds (tiny CartPole agent), each checked:
     round 0 with the synthetic teacher's ``collect``, round 1 with a host teacher's

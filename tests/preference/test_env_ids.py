@@ -261,6 +261,7 @@ def test_bad_input_is_one_clear_error(make, match):
 
 
 # ------------------------------------------------------------------ the loop on a generic env
+@pytest.mark.slow
 def test_preference_loop_learns_on_a_gymnax_id():
     """Sampling, fragments, the synthetic teacher, reward learning and PPO on "gymnax:CartPole-v1" (absorbing
     after a fall). The buffer fills with valid pairs of full-horizon episodes, and the learned reward ranks

@@ -121,6 +121,7 @@ def test_training_sees_the_learned_reward_and_evaluation_the_true_one(cartpole_a
     assert np.all((np.asarray(e1) >= 0) & (np.asarray(e1) <= 50)) and np.all(np.asarray(e1) == np.round(e1))
 
 
+@pytest.mark.slow
 def test_train_accounting_and_no_recompile(cartpole_agent):
     gen = cartpole_agent.with_reward(oracle_reward(cartpole_agent.base_env, cartpole_agent.env_params))
     traces = []
@@ -153,6 +154,7 @@ def test_train_accounting_and_no_recompile(cartpole_agent):
     assert len(traces) == 2
 
 
+@pytest.mark.slow
 def test_agent_state_vmaps_and_checkpoints(cartpole_agent, tmp_path):
     gen = cartpole_agent
     keys = jax.random.split(jax.random.key(0), 3)

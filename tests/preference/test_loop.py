@@ -95,6 +95,7 @@ def test_plan_is_imitations_arithmetic():
     assert q.plan(T, C).capacity == 10
 
 
+@pytest.mark.slow
 def test_loop_contract_and_donation(dataset_trajs, tmp_path):
     """The pure component: config / init / step (one round, key explicit) / run / metrics_dict."""
     from tests.contracts import check_state_contract
@@ -191,6 +192,7 @@ def tiny_run(tmp_path_factory):
     return pc, pc.state, list(pc.history), res, calls, ckpt
 
 
+@pytest.mark.slow
 def test_loop_accounting_per_round(tiny_run):
     pc, state, hist, res, calls, ckpt = tiny_run
     plan = pc.plan(T, C)
@@ -220,6 +222,7 @@ def test_loop_accounting_per_round(tiny_run):
     assert meta["rounds_done"] == 4 and meta["history"] == hist
 
 
+@pytest.mark.slow
 def test_agent_trains_on_the_learned_reward_in_the_loop(tiny_run):
     """The loop binds the ensemble to the agent: rollouts carry (mean - shift) * scale, never the true reward."""
     pc, state, *_ = tiny_run
@@ -241,6 +244,7 @@ def test_agent_trains_on_the_learned_reward_in_the_loop(tiny_run):
     np.testing.assert_allclose([float(r.mean()), float(r.std())], [0.0, 1.0], atol=1e-3)  # the buffer is full
 
 
+@pytest.mark.slow
 def test_train_and_run_give_identical_metrics(tiny_run):
     """train (round by round) and run (all rounds in one call) run the same compiled phase programs:
     four rounds, two seeds, same keys -> bit-identical metrics and states."""
@@ -252,6 +256,7 @@ def test_train_and_run_give_identical_metrics(tiny_run):
     assert_trees_close(states, state, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_driver_phases_agree_with_the_pure_loop(tiny_run):
     """The driver compiles the four phases of loop.step as separate programs (at its own XLA
     options); they give the pure one-program loop.run's metrics and state for the same keys."""
@@ -280,6 +285,7 @@ def test_driver_phases_agree_with_the_pure_loop(tiny_run):
     np.testing.assert_allclose(unbiased(states), unbiased(state), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_driver_compiles_five_programs_once(dataset_trajs):
     """init and the four phase programs compile once (ahead of round 0, on a background thread);
     a second run with other keys compiles nothing."""
@@ -301,6 +307,7 @@ def test_the_driver_compiles_five_programs_once(dataset_trajs):
         monitoring.unregister_event_duration_listener(listen)
 
 
+@pytest.mark.slow
 def test_resume_with_a_changed_learning_rate_is_refused(tiny_run, tmp_path):
     pc, state, hist, res, calls, ckpt = tiny_run
     env, p = make_env("cartpole", horizon=40)
@@ -360,6 +367,7 @@ def test_resume_after_kill_is_identical(tiny_run, tmp_path):
 
 
 # ------------------------------------------------------------------ dataset loops (no agent)
+@pytest.mark.slow
 def test_run_is_jittable_and_vmaps_over_seeds(dataset_trajs):
     pc = make_dataset_loop(dataset_trajs)
     cfg = pc.config_for(0, 60)
@@ -373,6 +381,7 @@ def test_run_is_jittable_and_vmaps_over_seeds(dataset_trajs):
         assert_trees_close(jax.tree.map(lambda x: x[i], states.reward.params), s_i.reward.params, rtol=2e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_end_to_end_reward_fit_with_a_queue_limit(dataset_trajs):
     """Comparisons of random-policy CartPole fragments teach the upright reward (Pearson > 0.8 on held-out
     episodes), with a buffer that keeps only the newest 250 of the 600 comparisons."""
@@ -415,6 +424,7 @@ class _VariableGenerator:
         return state
 
 
+@pytest.mark.slow
 def test_variable_horizons_are_refused(dataset_trajs, caplog):
     net = reward_net(make_env("cartpole")[0], hidden_sizes=(8,))
     pc = dr.PreferenceComparisons(_VariableGenerator(), net, num_iterations=1, fragment_length=3, progress=False,

@@ -47,6 +47,7 @@ def test_off_by_default_and_recorded_only_when_on():
         AgentGenerator(env, p, config=PPOConfig(**TINY, reward_scaling=0.0))
 
 
+@pytest.mark.slow
 def test_statistics_follow_training_and_rewards_scale():
     env, p = make_env("pendulum")
     cfg = PPOConfig(**TINY, normalize_observations=True, reward_scaling=10.0)
@@ -69,6 +70,7 @@ def test_statistics_follow_training_and_rewards_scale():
     assert ret.shape == (2,) and bool(jnp.all(jnp.isfinite(ret)))
 
 
+@pytest.mark.slow
 def test_absorbing_bootstrap_ends_and_resets_with_the_value_of_absorbing():
     """Training rollouts on a FixedHorizon env: an env that terminates ends its PPO episode there, with the
     discounted value of absorbing forever (gamma r_abs / (1 - gamma), r_abs the learned reward of an absorbing
@@ -95,6 +97,7 @@ def test_absorbing_bootstrap_ends_and_resets_with_the_value_of_absorbing():
         AgentGenerator(*make_env("cartpole"), config=cfg)
 
 
+@pytest.mark.slow
 def test_tanh_squash_maps_into_the_box_and_trains():
     """PPOConfig.tanh_squash: off by default (not in the fingerprint); on, the environment gets the squashed
     pre-tanh sample rescaled to the action box, and training runs with the entropy's tanh Jacobian term."""
@@ -111,6 +114,7 @@ def test_tanh_squash_maps_into_the_box_and_trains():
     assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(s.ppo.params))
 
 
+@pytest.mark.slow
 def test_max_grad_norm_none_is_no_clipping():
     """PPOConfig.max_grad_norm=None (brax's PPO, the brax demo's default) trains exactly as a clip at a norm that
     is never reached, differs from a clip that is, and is recorded in the fingerprint as None."""
@@ -130,6 +134,7 @@ def test_max_grad_norm_none_is_no_clipping():
     assert np.max(np.abs(none - tight)) > 1e-4
 
 
+@pytest.mark.slow
 def test_state_dependent_std_is_brax_softplus_scale_and_trains():
     """PPOConfig.state_dependent_std: the output layer gives mean and std per state (softplus(raw) + 0.001,
     ~0.69 at the start), the log-probability and entropy use the per-state std, and training runs; off by
@@ -156,6 +161,7 @@ def test_state_dependent_std_is_brax_softplus_scale_and_trains():
     assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(s.ppo.params))
 
 
+@pytest.mark.slow
 def test_skip_obs_hides_the_leading_entries_from_actor_and_critic():
     """PPOConfig.skip_obs: the networks read obs[..., k:] (the first-layer kernels have D - k rows), so the
     leading entries change nothing; training runs; recorded only when set; bad values raise."""
@@ -177,6 +183,7 @@ def test_skip_obs_hides_the_leading_entries_from_actor_and_critic():
             AgentGenerator(env, p, config=PPOConfig(**TINY, skip_obs=bad))
 
 
+@pytest.mark.slow
 def test_gae_per_minibatch_recomputes_advantages_with_the_current_critic():
     """PPOConfig.gae_per_minibatch (brax's PPO): with one minibatch and one epoch the single gradient step
     sees the rollout's own critic, so it is the step of the default path (the same transitions, in another
@@ -226,6 +233,7 @@ def test_split_unrolls_cuts_each_environments_rollout_in_order():
     np.testing.assert_array_equal(after1, last_obs)
 
 
+@pytest.mark.slow
 def test_unroll_length_cuts_the_rollout_for_gae_per_minibatch():
     """PPOConfig.unroll_length: num_steps gives the update of None exactly; shorter unrolls (each bootstrapped
     from the critic) give another update, finite; recorded only when set; and one clear error each for use

@@ -8,6 +8,8 @@ import jax
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # traces and exports the loop's round programs (the loop tests are slow too)
+
 from jaxweight.preference import _programs
 from jaxweight.preference import driver as dr
 

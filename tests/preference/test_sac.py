@@ -141,6 +141,7 @@ def test_absorbing_bootstrap_ends_the_episode_with_the_value_of_absorbing():
         SACGenerator(*make_env("pendulum"), config=cfg)
 
 
+@pytest.mark.slow
 def test_learns_the_pendulum_on_the_true_reward():
     """4,000 steps lift the pendulum's return from about -1,200 (random) to above -500 (swinging up)."""
     env, p = make_env("pendulum")
@@ -156,6 +157,7 @@ def test_learns_the_pendulum_on_the_true_reward():
     assert float(jnp.exp(s.log_alpha)) < 1.0  # the temperature fell towards the target entropy
 
 
+@pytest.mark.slow
 def test_preference_loop_with_sac_vmaps_seeds_and_resumes(tmp_path):
     env, p = make_env("pendulum", horizon=20)
     net = reward_net(env, p, hidden_sizes=(8,))
