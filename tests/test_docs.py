@@ -29,7 +29,9 @@ import importlib.util
 import io
 import re
 import shlex
+import sys
 import textwrap
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,7 +96,11 @@ def page_blocks(page: str) -> list[Block]:
 
 def run_python(bs: list[Block], ns: dict | None = None) -> dict:
     """Runs the blocks in order in one namespace; a block that raises fails the test naming it."""
-    ns = {"__name__": "__docs__"} if ns is None else ns
+    if ns is None:
+        # a real module in sys.modules: dataclasses (flax.struct too) look their class's module up there
+        mod = types.ModuleType("__docs__")
+        sys.modules["__docs__"] = mod
+        ns = mod.__dict__
     for b in bs:
         try:
             exec(compile(b.code, b.where, "exec"), ns)  # noqa: S102 - the docs' own code
