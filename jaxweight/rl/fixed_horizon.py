@@ -22,7 +22,7 @@ the synthetic teacher reads. A reward model sees the absorbing steps as
 Example::
 
     import gymnax, jax
-    from jaxweight.preference.fixed_horizon import FixedHorizon
+    from jaxweight.rl.fixed_horizon import FixedHorizon
     env = FixedHorizon(gymnax.make("MountainCar-v0")[0], horizon=50)
     params = env.default_params                  # params.max_steps_in_episode == 50
     obs, state = env.reset(jax.random.key(0), params)
@@ -259,7 +259,7 @@ class FixedHorizon(environment.Environment):
     @property
     def obs_scale(self) -> tuple:
         """Typical magnitude of each observation entry (nested tuples of ``obs_shape``), for
-        :func:`~jaxweight.preference.envs.reward_net`'s squashing: ``max(|low|, |high|)`` of
+        :func:`~jaxweight.preference.env_rewards.reward_net`'s squashing: ``max(|low|, |high|)`` of
         the observation space where both bounds are finite, nonzero and below 1e6, else 1.
 
         Raises:
