@@ -309,11 +309,12 @@ class SACAgent(EpisodeSampler):
         self._init_agent(reward_apply, config, SACConfig, hparams, SACHParams)
         self._init_sampling(env, env_params, exploration_frac, switch_prob, random_prob, squash=True)
         if self.discrete:
-            raise ValueError(f"{type(self).__name__} needs continuous actions; {getattr(env, 'name', type(env).__name__)} "
-                             f"has {type(self.action_space).__name__}({self.action_dim}) (use PPO)")
+            raise ValueError(f"{type(self).__name__} needs continuous actions; "
+                             f"{getattr(env, 'name', type(env).__name__)} has "
+                             f"{type(self.action_space).__name__}({self.action_dim}) (use PPO)")
         if not getattr(env, "fixed_horizon", False):
-            raise ValueError(f"{type(self).__name__} needs a fixed-horizon environment (every done a time limit, which it "
-                             f"bootstraps through): a make_env id or a FixedHorizon wrapper, got "
+            raise ValueError(f"{type(self).__name__} needs a fixed-horizon environment (every done a time limit, "
+                             f"which it bootstraps through): a make_env id or a FixedHorizon wrapper, got "
                              f"{type(env).__name__}")
         cfg = self.config
         for name in ("num_envs", "buffer_size", "batch_size", "updates_per_step"):
