@@ -15,8 +15,8 @@ their length leaks the reward and fragments near the end are cut short
   those steps.
 
 The true reward stays the inner environment's ``step_env`` reward (0 while
-absorbing): the generator records it in ``Trajectories.rews``, which is all
-the synthetic teacher reads. A reward model sees the absorbing steps as
+absorbing): an agent's samples record it (:class:`~jaxweight.rl.rollout.Episodes` ``rews``;
+the preference generators' ``Trajectories.rews``, which is all the synthetic teacher reads). A reward model sees the absorbing steps as
 ``obs == next_obs == terminal observation``.
 
 Example::

@@ -52,7 +52,7 @@ class Episodes:
 
 
 class EpisodeSampler:
-    """What every agent generator shares: whole-episode sampling (with imitation's exploration), evaluation and
+    """What every agent shares: whole-episode sampling (with imitation's exploration), evaluation and
     the constructor's common arguments.
 
     A subclass takes ``(env, env_params, reward_apply, *, config, hparams,
@@ -98,7 +98,7 @@ class EpisodeSampler:
                 "random_prob": self.random_prob}
 
     def replace(self, **changes: Any):
-        """A new generator with some constructor arguments changed (``reward_apply``, ``config``,
+        """A new agent with some constructor arguments changed (``reward_apply``, ``config``,
         ``hparams``, ``exploration_frac``, ``switch_prob``, ``random_prob``); states stay compatible
         as long as ``config`` is unchanged."""
         args = dict(
@@ -211,7 +211,7 @@ class EpisodeSampler:
         true rewards (for the synthetic teacher).
 
         Args:
-          state: generator state.
+          state: the agent state.
           key: rollout key.
           steps: requested transitions (static int, or traced ``i32[]`` with ``max_steps``).
           max_steps: static upper bound of ``steps`` fixing the output shape
@@ -259,7 +259,7 @@ class EpisodeSampler:
         """True (environment) returns ``f32[num_episodes]`` of the current policy.
 
         Args:
-          state: generator state.
+          state: the agent state.
           key: rollout key.
           num_episodes: episodes (static).
           deterministic: act with the mode of the policy instead of sampling.
