@@ -7,7 +7,7 @@ published PPO settings for inverted_pendulum (brax/training/agents/ppo; its trai
 reward_scaling 10, normalize_observations, discounting 0.97, learning_rate 3e-4, entropy_cost 1e-2, 2048 envs,
 unroll 5 x 16 per env and 32 minibatches per update, 4 epochs).
 
-``--agent sac`` runs :class:`~jaxweight.preference.sac.SACGenerator` instead (the ``--sac-*`` flags; defaults
+``--agent sac`` runs :class:`~jaxweight.preference.generators.SACGenerator` instead (the ``--sac-*`` flags; defaults
 Stable-Baselines3's SAC settings with 16 environments and one gradient step per transition, learning rate 3e-4,
 discount 0.99, no observation statistics, reward scaling 1; of the other flags it takes ``--env``, ``--horizon``,
 ``--steps``, ``--evals``, ``--seeds``, ``--brax-obs``, ``--absorbing-bootstrap`` and ``--episodic``; the curve
@@ -32,7 +32,7 @@ import numpy as np
 def _episodic_class():
     from flax import struct
 
-    from jaxweight.preference.brax_envs import BraxEnv
+    from jaxweight.rl.brax_envs import BraxEnv
 
     @struct.dataclass
     class EpisodicState:
@@ -71,7 +71,7 @@ def _Episodic(inner):
 def _mean_std(gen, state):
     """The policy's (pre-squash) std per action: the parameter, or with a state-dependent std its mean over the
     training environments' current observations; SAC: its temperature alpha."""
-    from jaxweight.preference.ppo import obs_norm_apply
+    from jaxweight.rl.normalization import obs_norm_apply
 
     if hasattr(state, "log_alpha"):
         return jnp.exp(state.log_alpha)[None]
@@ -137,13 +137,13 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
 
-    from jaxweight.preference.envs import make_env
+    from jaxweight.rl.envs import make_env
     from jaxweight.preference.generators import AgentGenerator
-    from jaxweight.preference.ppo import PPOConfig, PPOHParams
+    from jaxweight.rl.ppo import PPOConfig, PPOHParams
 
     kw = {"exclude_current_positions_from_observation": True} if a.brax_obs else {}
     if a.episodic:
-        from jaxweight.preference.brax_envs import BraxParams, make_brax
+        from jaxweight.rl.brax_envs import BraxParams, make_brax
 
         family, _, name = a.env.partition(":")
         assert family == "brax", "--episodic is for brax ids"
@@ -161,7 +161,8 @@ def main(argv=None):
     hp = PPOHParams.create(learning_rate=a.lr, gamma=a.gamma, ent_coef=a.ent, clip_eps=a.clip_eps, anneal_steps=0.0)
     gen = AgentGenerator(env, p, config=cfg, hparams=hp)
     if a.agent == "sac":
-        from jaxweight.preference.sac import SACConfig, SACGenerator, SACHParams
+        from jaxweight.rl.sac import SACConfig, SACHParams
+        from jaxweight.preference.generators import SACGenerator
 
         gen = SACGenerator(env, p, config=SACConfig(
             num_envs=a.sac_envs, buffer_size=a.sac_buffer, batch_size=a.sac_batch,

@@ -5,7 +5,7 @@ The cheapest MuJoCo-class task both can run, from the original paper's eight (Ch
 no InvertedPendulum, so imitation's side gets the seals treatment by hand: gymnasium's ``InvertedPendulum-v4``
 (MuJoCo) inside seals' ``AbsorbAfterDoneWrapper`` (after the pole falls the episode absorbs: the terminal
 observation repeats, reward 0) and a 1000-step ``TimeLimit``. jaxweight's side is ``brax:inverted_pendulum`` (the
-same model in brax, the same fixed horizon and absorbing end: :mod:`jaxweight.preference.brax_envs`).
+same model in brax, the same fixed horizon and absorbing end: :mod:`jaxweight.rl.brax_envs`).
 
 Budget, both sides: the demo's settings of ``brax:inverted_pendulum``: 2e6 agent steps, 2,000 comparisons, 11
 rounds (``num_iterations=10``), 50-step fragments, a 3-member bagged ensemble of (32, 32) MLPs on (state, next

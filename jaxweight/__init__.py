@@ -6,6 +6,7 @@ Submodules (imported on first use, so ``import jaxweight`` stays cheap):
 - ``jaxweight.awr``               advantage-weighted regression of a weight policy
 - ``jaxweight.curriculum``        on-device curriculum scheduler (atropos + PLR, sqrt competence)
 - ``jaxweight.maxent``            MaxEnt-GRPO reward weighting and its tau / beta controllers (maxent_grpo)
+- ``jaxweight.rl``                environments (fixed-horizon gymnax / brax) and agents (PPO, SAC)
 - ``jaxweight.preference``        reward learning from preference comparisons (imitation)
 - ``jaxweight.sync``              learner -> actor weight sync (torchrl UpdateWeights)
 - ``jaxweight.distributed``       meshes, data-parallel gradients, multi-host helpers (no concept)
@@ -27,6 +28,7 @@ _SUBMODULES = (
     "awr",
     "curriculum",
     "maxent",
+    "rl",
     "preference",
     "sync",
     "distributed",

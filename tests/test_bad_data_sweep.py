@@ -307,7 +307,7 @@ def test_reward_training_on_an_empty_buffer():
 
 def test_env_step_refuses_concrete_and_masks_traced_bad_actions():
     pytest.importorskip("gymnax")
-    from jaxweight.preference.envs import env_step, make_env
+    from jaxweight.rl.envs import env_step, make_env
 
     for name, bad, good in (("cartpole", 7, 1), ("pendulum", np.array([np.nan], np.float32),
                                                   np.array([0.5], np.float32))):

@@ -1,9 +1,10 @@
 """The import graph of the library: no cycles, and every import runs down a layer.
 
-Layers, lowest first: the base (``_util``, ``checkpoint``, ``metrics``), the concepts
-(``random_weighting``, ``awr``, ``curriculum``, ``maxent``, ``preference``, ``sync``,
-``distributed``), ``interop``, the demos floor (``demos`` and host apps such as the labelling
-page, ``label``), the CLI.
+Layers, lowest first: the base (``_util``, ``checkpoint``, ``metrics``), the concepts that use
+no environment (``random_weighting``, ``awr``, ``curriculum``, ``maxent``, ``sync``,
+``distributed``), ``rl`` (environments and agents), ``preference`` (reward learning, whose loop
+trains ``rl``'s agents), ``interop``, the demos floor (``demos`` and host apps such as the
+labelling page, ``label``), the CLI. So ``rl`` never imports ``preference``.
 
 The graph is one of files (modules): every import statement counts, those inside functions
 and those under ``if TYPE_CHECKING:`` too (an annotation-only import still ties two files
@@ -22,8 +23,9 @@ PKG = Path(__file__).resolve().parents[1] / "jaxweight"
 BASE = {"_util", "checkpoint", "metrics"}
 CONCEPTS = {"random_weighting", "awr", "curriculum", "maxent", "preference", "sync", "distributed"}
 HOST_APPS = {"label"}  # packages of their own on the demos floor: they use concepts, concepts never use them
-LAYER = {**{m: 0 for m in BASE}, **{m: 1 for m in CONCEPTS}, "interop": 2, "demos": 3,
-         **{m: 3 for m in HOST_APPS}, "cli": 4, "__main__": 4}
+# rl stands between the concepts that use no environment and preference, which uses rl's agents
+LAYER = {**{m: 0 for m in BASE}, **{m: 1 for m in CONCEPTS - {"preference"}}, "rl": 2, "preference": 3,
+         "interop": 4, "demos": 5, **{m: 5 for m in HOST_APPS}, "cli": 6, "__main__": 6}
 
 
 def _modname(path: Path) -> str:
@@ -216,6 +218,16 @@ def test_imports_run_down_the_layers():
             elif ld == lm == 0 and _top(d) != _top(mod) and _top(d) != "_util":
                 bad.append(f"{mod} -> {d} (the base imports only _util)")
     assert bad == []
+
+
+def test_rl_stands_below_preference():
+    """Environments and agents know no reward-learning type: nothing in rl imports preference, and
+    preference's generators do import rl (the arrow runs one way)."""
+    g = _graph()
+    assert LAYER["rl"] < LAYER["preference"] and LAYER["rl"] > max(LAYER[c] for c in CONCEPTS - {"preference"})
+    up = sorted(f"{m} -> {d}" for m, deps in g.items() if _top(m) == "rl" for d in deps if _top(d) == "preference")
+    assert up == []
+    assert any(_top(d) == "rl" for d in g["jaxweight.preference.generators"])
 
 
 def test_distributed_knows_no_concept():

@@ -19,7 +19,7 @@ al. 2017), on gymnax environments built in (no download):
   (observation normalisation, reward scaling, 2048 environments).
 
 ``--agent sac`` trains SAC instead of PPO on the ``gymnax:`` and ``brax:`` ids
-with continuous actions (:class:`~jaxweight.preference.sac.SACGenerator`,
+with continuous actions (:class:`~jaxweight.preference.generators.SACGenerator`,
 PEBBLE's agent: a replay buffer relabelled with every new reward model;
 :data:`SAC_SETTINGS`), and the true-reward baseline is SAC too.
 
@@ -159,13 +159,13 @@ GYMNAX_REWARD_INPUTS = {"MountainCarContinuous-v0": dict(use_action=True)}
 BRAX_REWARD_INPUTS = {"reacher": dict(use_action=True), "inverted_pendulum": dict(use_next_state=False),
                       "inverted_double_pendulum": dict(use_next_state=False)}
 #: exact mirror symmetries of the brax tasks (+-1 per observation entry; left <-> right on the track), for the
-#: reward model (:class:`~jaxweight.preference.envs.MirroredReward`): cart x, the angles' sines and the
+#: reward model (:class:`~jaxweight.preference.env_rewards.MirroredReward`): cart x, the angles' sines and the
 #: velocities flip, the cosines stay. inverted_pendulum is not here: its pole is built 0.001 off vertical
 #: (gym's model; at rest it tips one way), so its mirror image is not an exact symmetry
 BRAX_REWARD_MIRROR = {
     "inverted_double_pendulum": (-1.0, -1.0, -1.0, 1.0, 1.0, -1.0, -1.0, -1.0),
 }
-#: the agents of ``--agent``: the loop's PPO, or SAC (:class:`~jaxweight.preference.sac.SACGenerator`, continuous
+#: the agents of ``--agent``: the loop's PPO, or SAC (:class:`~jaxweight.preference.generators.SACGenerator`, continuous
 #: actions only; PEBBLE's agent, whose replay buffer is relabelled with every new reward model)
 AGENTS = ("ppo", "sac")
 #: SAC's settings (Stable-Baselines3's: buffer 1e6, batch 256, lr 3e-4, gamma 0.99, 10,000 random steps first,
@@ -206,14 +206,14 @@ def _generic_base(env: str, quick: bool, agent: str = "ppo") -> dict:
     model (``skip_obs``: brax's own observation). The pendulums' reward model
     sees the state alone (:data:`BRAX_REWARD_INPUTS`), and InvertedDoublePendulum's
     is mirror-symmetric (:data:`BRAX_REWARD_MIRROR`,
-    :class:`~jaxweight.preference.envs.MirroredReward`). On
+    :class:`~jaxweight.preference.env_rewards.MirroredReward`). On
     InvertedDoublePendulum the two lifted the normalised score from 0.15 to
     0.40 (mirror) and on to 0.78 (state alone; 4 seeds, and 0.43 on 4 more).
 
     ``agent="sac"``: :data:`SAC_SETTINGS` over these (continuous actions only;
     quick: 60,000 steps).
     """
-    from jaxweight.preference.envs import make_env
+    from jaxweight.rl.envs import make_env
     from gymnax.environments import spaces
 
     family, _, name = env.partition(":")
@@ -268,7 +268,7 @@ def settings(env: str = "cartpole", quick: bool = False, seeds: int | None = Non
     Teacher: temperature 1, answering with the Bradley-Terry probability
     itself (imitation's ``sample=False``), so pairs of equal return get the
     label 0.5 instead of a coin flip. Reward model: an ensemble of 3 state-only
-    MLPs on squashed observations (:func:`~jaxweight.preference.envs.reward_net`).
+    MLPs on squashed observations (:func:`~jaxweight.preference.env_rewards.reward_net`).
     Short fragments (20 steps): an untrained CartPole agent stays up ~20 steps
     out of 500, and only fragments that lie inside that stretch tell "upright"
     apart from "falling".
@@ -341,10 +341,11 @@ def build(s: Settings) -> PreferenceComparisons:
     Raises:
       ValueError: settings the loop refuses (e.g. fragments longer than the episodes).
     """
-    from jaxweight.preference.envs import make_env, reward_net
+    from jaxweight.rl.envs import make_env
+    from jaxweight.preference.env_rewards import reward_net
     from jaxweight.preference.driver import PreferenceComparisons
     from jaxweight.preference.generators import AgentGenerator
-    from jaxweight.preference.ppo import PPOConfig, PPOHParams
+    from jaxweight.rl.ppo import PPOConfig, PPOHParams
 
     env, env_params = make_env(s.env, horizon=s.horizon)
     net = reward_net(env, env_params, use_next_state=s.use_next_state, use_action=s.use_action,
@@ -353,7 +354,8 @@ def build(s: Settings) -> PreferenceComparisons:
     tpi, extra = divmod(s.total_timesteps, k)
     agent_steps = (k + 1) * tpi + extra  # imitation trains the agent in K + 1 rounds
     if s.agent == "sac":
-        from jaxweight.preference.sac import SACConfig, SACGenerator, SACHParams
+        from jaxweight.rl.sac import SACConfig, SACHParams
+        from jaxweight.preference.generators import SACGenerator
 
         gen = SACGenerator(
             env, env_params,

@@ -9,7 +9,7 @@ that arrive as JAX arrays are copied to the host once with ``np.asarray``.
 
 Renderers are found by environment id in a registry: exact ids (``"cartpole"``,
 ``"pendulum"``, the built-in fixed-horizon environments of
-:mod:`jaxweight.preference.envs`) or families by prefix (an id ending in
+:mod:`jaxweight.rl.envs`) or families by prefix (an id ending in
 ``":"``, e.g. a future ``"brax:"`` whose factory receives ``"brax:ant"`` and
 can load that system). :func:`register_renderer` adds one; :func:`get_renderer`
 finds one or names the ids it knows.
@@ -119,14 +119,14 @@ def env_id(env: Any) -> str:
 
     Args:
       env: an id (``"cartpole"``, ``"brax:ant"``) or an instance of a built-in
-        fixed-horizon environment (:data:`jaxweight.preference.envs.ENVS`).
+        fixed-horizon environment (:data:`jaxweight.rl.envs.ENVS`).
 
     Raises:
       ValueError: an object that is not a built-in environment (pass its id instead).
     """
     if isinstance(env, str):
         return env
-    from jaxweight.preference.envs import ENVS  # an env object exists, so gymnax and JAX are loaded already
+    from jaxweight.rl.envs import ENVS  # an env object exists, so gymnax and JAX are loaded already
 
     for name, cls in ENVS.items():
         if isinstance(env, cls):

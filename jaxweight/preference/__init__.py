@@ -8,8 +8,9 @@ Three components of one shape (``config`` / ``init`` / ``step`` /
 ``metrics_dict``): :mod:`.buffer` (FIFO of comparisons), :mod:`.training` (the
 reward trainer; ``epoch`` is its epoch driver, :class:`RewardTrainer` the host
 wrapper) and :mod:`.loop` (one round per ``step``; the host driver with resume
-is ``driver.PreferenceComparisons``). Generators (PPO's and SAC's) and environments need
-gymnax (the ``rl`` extra) and load on first use.
+is ``driver.PreferenceComparisons``). The generators (the agents of :mod:`jaxweight.rl`, PPO's
+and SAC's, as trajectory generators) and the environment reward nets need gymnax (the ``rl``
+extra) and load on first use; environments and agents themselves are :mod:`jaxweight.rl`.
 
 Example::
 
@@ -78,20 +79,15 @@ __all__ = [
     "QUERY_SCHEDULES", "get_schedule", "oric", "allocate_comparisons",
 ]
 
-# The loop, generators and environments import gymnax (the ``rl`` extra): loaded on first access.
+# The loop, generators and environment reward nets import gymnax (the ``rl`` extra): loaded on first access.
 _LAZY = {
     "loop": ("LoopConfig", "LoopState", "LoopPlan", "AgentReward", "learned_reward_fn", "ROUND_METRICS",
              "MEASURED_BY"),
     "driver": ("PreferenceComparisons", "tqdm_progress"),
     "evaluation": ("predicted_rewards", "reward_correlation", "preference_accuracy"),
-    "generators": ("AgentGenerator", "AgentState", "HostGenerator", "TrajectoryGenerator", "EpisodeSampler"),
+    "generators": ("AgentGenerator", "SACGenerator", "HostGenerator", "TrajectoryGenerator"),
     "datasets": ("DatasetGenerator", "DatasetState", "take_steps"),
-    "ppo": ("PPOConfig", "PPOHParams", "PPOState", "ActorCritic"),
-    "sac": ("SACGenerator", "SACConfig", "SACHParams", "SACState"),
-    "envs": ("FixedHorizonCartPole", "FixedHorizonPendulum", "LearnedRewardEnv", "LearnedRewardParams",
-             "LearnedRewardState", "SquashedObsReward", "MirroredReward", "make_env", "oracle_reward", "reward_net",
-             "env_step"),
-    "fixed_horizon": ("FixedHorizon", "FixedHorizonParams", "FixedHorizonState"),
+    "env_rewards": ("SquashedObsReward", "MirroredReward", "reward_net"),
 }
 
 

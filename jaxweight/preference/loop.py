@@ -192,7 +192,7 @@ class LoopConfig:
       plan: the :class:`LoopPlan` of the run (static; ``None`` in the driver's settings).
       trainer: the reward trainer's :class:`~jaxweight.preference.TrainerConfig` (array leaves).
       agent_hparams: the agent's continuous hyperparameters (array leaves, e.g. a
-        :class:`~jaxweight.preference.ppo.PPOHParams`; the generator's ``hparams``
+        :class:`~jaxweight.rl.ppo.PPOHParams`; the generator's ``hparams``
         by default, ``None`` for generators without), passed to every
         ``generator.train`` call: the agent state holds none.
       temperature, discount, threshold: the synthetic teacher; alpha: the agent's

@@ -44,7 +44,7 @@ def oracle():
     (The fixed-horizon CartPole pays 1 for every step that ends upright and in bounds.)
     """
     pytest.importorskip("gymnax", reason="needs the rl extra (pip install -e '.[rl]')")
-    from jaxweight.preference.envs import make_env
+    from jaxweight.rl.envs import make_env
 
     env, params = make_env("cartpole")
     reward = jax.jit(jax.vmap(lambda o: env.transition_reward(params, None, None, o)))

@@ -105,7 +105,7 @@ def test_registry_finds_exact_ids_then_the_longest_family_and_names_the_known_on
 
 
 def test_built_in_environment_objects_map_to_their_renderer():
-    envs = pytest.importorskip("jaxweight.preference.envs", reason="needs gymnax (the rl extra)")
+    envs = pytest.importorskip("jaxweight.rl.envs", reason="needs gymnax (the rl extra)")
     assert get_renderer(envs.FixedHorizonCartPole(horizon=50)).name == "cartpole"
     assert get_renderer(envs.FixedHorizonPendulum()).name == "pendulum"
     with pytest.raises(ValueError, match="pass the id"):

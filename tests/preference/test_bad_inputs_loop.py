@@ -15,10 +15,11 @@ from jaxweight.demos import preferences as demo
 from jaxweight.preference import driver as dr
 from jaxweight.preference import loop as lp
 from jaxweight.preference.evaluation import preference_accuracy
-from jaxweight.preference.envs import make_env, reward_net
+from jaxweight.rl.envs import make_env
+from jaxweight.preference.env_rewards import reward_net
 from jaxweight.preference.datasets import DatasetGenerator
 from jaxweight.preference.generators import AgentGenerator
-from jaxweight.preference.ppo import PPOConfig, PPOHParams
+from jaxweight.rl.ppo import PPOConfig, PPOHParams
 
 
 def _trajs(n=6, horizon=30, seed=0):

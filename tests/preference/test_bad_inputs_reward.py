@@ -565,7 +565,7 @@ def test_training_on_an_empty_buffer_refuses_on_the_host_and_changes_nothing_in_
 
 def test_env_step_refuses_a_concrete_action_out_of_range_and_contains_a_traced_one():
     pytest.importorskip("gymnax")
-    from jaxweight.preference.envs import env_step, make_env
+    from jaxweight.rl.envs import env_step, make_env
 
     env, params = make_env("cartpole", horizon=5)
     obs, state = env.reset(jax.random.key(0), params)

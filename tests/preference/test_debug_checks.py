@@ -249,9 +249,10 @@ def test_driver_phase_programs_with_an_agent():
     ``collect_pairs`` and ``push`` (answers of the noiseless teacher, one pair skipped)."""
     from jaxweight.preference import driver as dr
     from jaxweight.preference import loop as lp
-    from jaxweight.preference.envs import make_env, reward_net
+    from jaxweight.rl.envs import make_env
+    from jaxweight.preference.env_rewards import reward_net
     from jaxweight.preference.generators import AgentGenerator
-    from jaxweight.preference.ppo import PPOConfig
+    from jaxweight.rl.ppo import PPOConfig
 
     env, params = make_env("cartpole", horizon=8)
     net = reward_net(env, params, hidden_sizes=(4,))

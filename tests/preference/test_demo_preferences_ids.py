@@ -1,5 +1,5 @@
 """The ``preferences`` demo on environment ids: generic settings for any gymnax id, a tiny run end to end,
-and one clear error for a bad id (brax ids are tested in tests/preference/test_brax.py, brax's CI step)."""
+and one clear error for a bad id (brax ids are tested in tests/rl/test_brax.py, brax's CI step)."""
 
 import json
 
@@ -77,7 +77,7 @@ def test_tiny_run_on_a_gymnax_id(tmp_path):
 def test_agent_sac_settings_build_and_errors():
     """``--agent sac``: SAC's settings over the id's, a SACGenerator in the loop, its own file tag; refused on
     discrete actions, on the built-in envs and as an unknown name, one clear error each."""
-    from jaxweight.preference.sac import SACGenerator
+    from jaxweight.preference.generators import SACGenerator
 
     s = demo.settings("gymnax:MountainCarContinuous-v0", agent="sac")
     assert s.agent == "sac" and s.total_timesteps == demo.SAC_SETTINGS["total_timesteps"]

@@ -7,10 +7,10 @@ import pytest
 
 from jaxweight import checkpoint
 from jaxweight.preference import trajectories_from_arrays
-from jaxweight.preference.envs import make_env, oracle_reward
+from jaxweight.rl.envs import make_env, oracle_reward
 from jaxweight.preference.datasets import DatasetGenerator, take_steps
 from jaxweight.preference.generators import AgentGenerator, HostGenerator
-from jaxweight.preference.ppo import PPOConfig, PPOHParams, orthogonal
+from jaxweight.rl.ppo import PPOConfig, PPOHParams, orthogonal
 
 TINY = PPOConfig(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, hidden_sizes=(16, 16))
 

@@ -18,10 +18,11 @@ from jaxweight import preference as pf
 from jaxweight.preference import driver as dr
 from jaxweight.preference import loop as lp
 from jaxweight.preference.evaluation import preference_accuracy, reward_correlation
-from jaxweight.preference.envs import make_env, reward_net
+from jaxweight.rl.envs import make_env
+from jaxweight.preference.env_rewards import reward_net
 from jaxweight.preference.datasets import DatasetGenerator
 from jaxweight.preference.generators import AgentGenerator, HostGenerator
-from jaxweight.preference.ppo import PPOConfig
+from jaxweight.rl.ppo import PPOConfig
 from tests.contracts import assert_trees_close
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,11 +13,12 @@ pytestmark = pytest.mark.slow
 
 from jaxweight import preference as pf
 from jaxweight.preference import driver as dr
-from jaxweight.preference.brax_envs import BraxEnv, brax_names
-from jaxweight.preference.env_ids import known_ids
-from jaxweight.preference.envs import make_env, reward_net
+from jaxweight.rl.brax_envs import BraxEnv, brax_names
+from jaxweight.rl.env_ids import known_ids
+from jaxweight.rl.envs import make_env
+from jaxweight.preference.env_rewards import MirroredReward, reward_net
 from jaxweight.preference.generators import AgentGenerator
-from jaxweight.preference.ppo import PPOConfig
+from jaxweight.rl.ppo import PPOConfig
 
 H = 16
 
@@ -175,7 +176,7 @@ def test_the_demos_reward_mirror_is_a_symmetry_of_the_brax_task():
     idp = demo.settings(f"brax:{name}", quick=True)
     assert idp.reward_mirror == tuple(m.tolist())
     net = demo.build(dataclasses.replace(idp, horizon=H, fragment_length=4)).reward_module
-    assert isinstance(net, pf.envs.MirroredReward) and net.obs_sign == idp.reward_mirror
+    assert isinstance(net, MirroredReward) and net.obs_sign == idp.reward_mirror
 
 
 def test_preference_loop_on_a_short_brax_horizon():
@@ -222,8 +223,15 @@ def test_ppo_loss_with_gae_per_minibatch_is_braxs(lam, advantage):
     from brax.training.agents.ppo import networks as bnet
     from flax import linen
 
-    from jaxweight.preference.ppo import (ActorCritic, ObsNorm, PPOHParams, Transition, _log_prob_entropy,
-                                          _tanh_log_det_jacobian, ppo_loss_fresh_gae)
+    from jaxweight.rl.ppo import (
+        ActorCritic,
+        PPOHParams,
+        Transition,
+        _log_prob_entropy,
+        _tanh_log_det_jacobian,
+        ppo_loss_fresh_gae,
+    )
+    from jaxweight.rl.normalization import ObsNorm
 
     e, t, d, a = 8, 12, 5, 2
     scale = 10.0

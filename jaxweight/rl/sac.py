@@ -1,10 +1,11 @@
-"""An off-policy agent for the preference loop: soft actor-critic (SAC) with reward relabelling.
+"""An off-policy agent: soft actor-critic (SAC) with reward relabelling.
 
-:class:`SACGenerator` has :class:`~jaxweight.preference.generators.AgentGenerator`'s
-interface (``init``, ``train(state, key, steps, reward_params)``, ``sample``,
-``evaluate``, ``with_reward``, ``fingerprint``), so the loop, the driver and
-the demos take either. It is what PEBBLE (Lee et al. 2021) pairs with
-preference learning: a replay buffer keeps the transitions ``(obs, action,
+:class:`SACAgent` has :class:`~jaxweight.rl.ppo_agent.PPOAgent`'s
+interface (``init``, ``train(state, key, steps, reward_params)``, ``sample_episodes``,
+``evaluate``, ``with_reward``, ``fingerprint``); the preference loop's
+:class:`~jaxweight.preference.generators.SACGenerator` is this agent with samples as
+preference ``Trajectories``, so the loop, the driver and the demos take either. It is what
+PEBBLE (Lee et al. 2021) pairs with preference learning: a replay buffer keeps the transitions ``(obs, action,
 next_obs)`` and their true reward, never a learned one. Every gradient step
 computes the reward of its minibatch with the reward params of the current
 ``train`` call, so when the reward model changes between rounds every stored
@@ -27,12 +28,11 @@ its episode there with the value of absorbing forever, as PPO's option does.
 
 Example::
 
-    from jaxweight.preference.envs import make_env
-    from jaxweight.preference.sac import SACConfig, SACGenerator
-    env, p = make_env("pendulum")
-    gen = SACGenerator(env, p, config=SACConfig(num_envs=4, buffer_size=4096, learning_starts=256))
-    s = gen.train(gen.init(0), 1, 2_000)          # the true reward (reward_apply=None)
-    returns = gen.evaluate(s, 2, 4)               # f32[4]
+    from jaxweight import rl
+    env, p = rl.make_env("pendulum")
+    agent = rl.SACAgent(env, p, config=rl.SACConfig(num_envs=4, buffer_size=4096, learning_starts=256))
+    s = agent.train(agent.init(0), 1, 2_000)      # the true reward (reward_apply=None)
+    returns = agent.evaluate(s, 2, 4)             # f32[4]
 
 References:
   Haarnoja et al. 2018 (SAC, arXiv:1801.01290; automatic temperature,
@@ -56,10 +56,11 @@ from gymnax.environments import environment
 
 from .._util import as_key, check_static_int, check_value
 from .fixed_horizon import FixedHorizon
-from .generators import EpisodeSampler
-from .ppo import ObsNorm, obs_norm_apply, obs_norm_init, obs_norm_update
+from .normalization import ObsNorm, obs_norm_apply, obs_norm_init, obs_norm_update
+from .ppo import adam_with_learning_rate, set_learning_rate
+from .rollout import EpisodeSampler
 
-__all__ = ["SACConfig", "SACHParams", "SACReplay", "SACState", "SACActor", "DoubleQ", "SACGenerator",
+__all__ = ["SACConfig", "SACHParams", "SACReplay", "SACState", "SACActor", "DoubleQ", "SACAgent",
            "squashed_sample"]
 
 Array = jax.Array
@@ -86,11 +87,11 @@ class SACConfig:
       activation: a ``flax.linen`` activation name (``"relu"``, as SB3).
       init_alpha: initial temperature.
       normalize_observations: running mean / variance of the observations in
-        the agent state (:class:`~jaxweight.preference.ppo.ObsNorm`, updated with
+        the agent state (:class:`~jaxweight.rl.normalization.ObsNorm`, updated with
         every environment step), applied to the stored raw observations at
         every gradient step (brax's SAC).
       reward_scaling: rewards are multiplied by this before the targets.
-      absorbing_bootstrap: for a :class:`~jaxweight.preference.fixed_horizon.FixedHorizon`
+      absorbing_bootstrap: for a :class:`~jaxweight.rl.fixed_horizon.FixedHorizon`
         environment: a transition into the absorbing state ends its episode
         (the environment is reset) and its target is ``r + gamma * r_abs / (1 -
         gamma)``, ``r_abs`` the reward of an absorbing step (0 for the true
@@ -140,6 +141,8 @@ class SACHParams:
         return cls(f(learning_rate), f(gamma), f(tau))
 
 
+# Our own ring buffer rather than a library one (flashbax, brax's replay): it must be array leaves of
+# the agent state, so that a run vmaps over seeds, jits as one program and is saved in the loop's checkpoints.
 @struct.dataclass
 class SACReplay:
     """A ring buffer of ``C`` transitions (``C = SACConfig.buffer_size``).
@@ -177,7 +180,7 @@ class SACState:
       replay: :class:`SACReplay`.
       env_state, obs: the ``E`` training environments and their ``f32[E, D]`` observations.
       steps: ``i32[]`` environment steps so far; episodes: ``i32[]`` finished training episodes.
-      obs_norm: :class:`~jaxweight.preference.ppo.ObsNorm` or ``None``.
+      obs_norm: :class:`~jaxweight.rl.normalization.ObsNorm` or ``None``.
     """
 
     actor: Any
@@ -267,7 +270,7 @@ def squashed_sample(key: Array, mean: Array, log_std: Array) -> tuple[Array, Arr
     return jnp.tanh(u), logp
 
 
-class SACGenerator(EpisodeSampler):
+class SACAgent(EpisodeSampler):
     """A SAC agent on a fixed-horizon gymnax environment with continuous actions, trained on a learned reward.
 
     Args:
@@ -280,9 +283,9 @@ class SACGenerator(EpisodeSampler):
       config: :class:`SACConfig`.
       hparams: :class:`SACHParams` or a dict of its fields (the loop's config copies them).
       exploration_frac, switch_prob, random_prob: imitation's exploration of
-        the samples for the teacher (as :class:`~jaxweight.preference.generators.AgentGenerator`).
+        the samples (as :class:`~jaxweight.rl.ppo_agent.PPOAgent`).
 
-    ``sample`` and ``evaluate`` run whole episodes of the current
+    ``sample_episodes`` and ``evaluate`` run whole episodes of the current
     policy (sampled, or its mean with ``deterministic=True``); samples record
     the true reward for the teacher.
 
@@ -306,11 +309,12 @@ class SACGenerator(EpisodeSampler):
         self._init_agent(reward_apply, config, SACConfig, hparams, SACHParams)
         self._init_sampling(env, env_params, exploration_frac, switch_prob, random_prob, squash=True)
         if self.discrete:
-            raise ValueError(f"SACGenerator needs continuous actions; {getattr(env, 'name', type(env).__name__)} "
-                             f"has {type(self.action_space).__name__}({self.action_dim}) (use AgentGenerator)")
+            raise ValueError(f"{type(self).__name__} needs continuous actions; "
+                             f"{getattr(env, 'name', type(env).__name__)} has "
+                             f"{type(self.action_space).__name__}({self.action_dim}) (use PPO)")
         if not getattr(env, "fixed_horizon", False):
-            raise ValueError(f"SACGenerator needs a fixed-horizon environment (every done a time limit, which it "
-                             f"bootstraps through): a make_env id or a FixedHorizon wrapper, got "
+            raise ValueError(f"{type(self).__name__} needs a fixed-horizon environment (every done a time limit, "
+                             f"which it bootstraps through): a make_env id or a FixedHorizon wrapper, got "
                              f"{type(env).__name__}")
         cfg = self.config
         for name in ("num_envs", "buffer_size", "batch_size", "updates_per_step"):
@@ -337,7 +341,7 @@ class SACGenerator(EpisodeSampler):
         hidden = tuple(int(h) for h in cfg.hidden_sizes)
         self.actor = SACActor(self.action_dim, hidden, cfg.activation, skip)
         self.critic = DoubleQ(hidden, cfg.activation, skip)
-        self.tx = optax.scale_by_adam()
+        self.tx = adam_with_learning_rate(self.hparams.learning_rate)
         self.target_entropy = -float(self.action_dim)
 
     # ---------------------------------------------------------------- construction
@@ -492,15 +496,15 @@ class SACGenerator(EpisodeSampler):
         lr = hp.learning_rate
 
         def adam(params, grads, opt):
-            upd, opt = self.tx.update(grads, opt, params)
-            return jax.tree.map(lambda p, u: p - lr * u, params, upd), opt
+            upd, opt = self.tx.update(grads, set_learning_rate(opt, lr), params)
+            return optax.apply_updates(params, upd), opt
 
         critic, critic_opt = adam(st.critic, jax.grad(critic_loss)(st.critic), st.critic_opt)
         g_actor, logp = jax.grad(actor_loss, has_aux=True)(st.actor, critic)
         actor, actor_opt = adam(st.actor, g_actor, st.actor_opt)
         ent_gap = jax.lax.stop_gradient(jnp.mean(logp) + self.target_entropy)
         log_alpha, alpha_opt = adam(st.log_alpha, -ent_gap, st.alpha_opt)  # d/d log_alpha of -log_alpha * gap
-        target = jax.tree.map(lambda t, c: (1.0 - hp.tau) * t + hp.tau * c, st.target, critic)
+        target = optax.incremental_update(critic, st.target, hp.tau)  # Polyak: tau * critic + (1 - tau) * target
         return st.replace(actor=actor, critic=critic, target=target, log_alpha=log_alpha, actor_opt=actor_opt,
                           critic_opt=critic_opt, alpha_opt=alpha_opt)
 

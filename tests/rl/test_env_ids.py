@@ -13,12 +13,13 @@ from gymnax.environments import environment, spaces
 
 from jaxweight import preference as pf
 from jaxweight.preference import driver as dr
-from jaxweight.preference.env_ids import known_ids
-from jaxweight.preference.envs import FixedHorizonCartPole, env_step, make_env, oracle_reward, reward_net
+from jaxweight.rl.env_ids import known_ids
+from jaxweight.rl.envs import FixedHorizonCartPole, env_step, make_env, oracle_reward
+from jaxweight.preference.env_rewards import reward_net
 from jaxweight.preference.evaluation import preference_accuracy
-from jaxweight.preference.fixed_horizon import FixedHorizon, default_horizon
+from jaxweight.rl.fixed_horizon import FixedHorizon, default_horizon
 from jaxweight.preference.generators import AgentGenerator
-from jaxweight.preference.ppo import PPOConfig
+from jaxweight.rl.ppo import PPOConfig
 
 TINY_PPO = PPOConfig(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, hidden_sizes=(16, 16))
 

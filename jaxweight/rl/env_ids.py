@@ -1,11 +1,11 @@
-"""Environment ids of the families behind :func:`~jaxweight.preference.envs.make_env`.
+"""Environment ids of the families behind :func:`~jaxweight.rl.envs.make_env`.
 
 An id is ``"<family>:<name>"``: ``"gymnax:<id>"`` is any id of
 ``gymnax.registered_envs`` (``"gymnax:Acrobot-v1"``, ``"gymnax:MountainCar-v0"``,
 ``"gymnax:Pendulum-v1"``), made with ``gymnax.make`` and wrapped in
-:class:`~jaxweight.preference.fixed_horizon.FixedHorizon`; ``"brax:<name>"`` is
+:class:`~jaxweight.rl.fixed_horizon.FixedHorizon`; ``"brax:<name>"`` is
 any name of brax's registry (``"brax:inverted_pendulum"``, ``"brax:halfcheetah"``;
-:mod:`~jaxweight.preference.brax_envs`: horizon 1000 by default, seals-style
+:mod:`~jaxweight.rl.brax_envs`: horizon 1000 by default, seals-style
 observations with the current position), wrapped the same way. A user's own environment is an object with
 the gymnax ``Environment`` interface (see ``make_env``), wrapped the same way.
 The built-in ids (``"cartpole"``, ``"pendulum"``) are resolved by ``make_env``
@@ -15,7 +15,7 @@ a new family is one entry of :data:`FAMILIES`.
 
 Example::
 
-    from jaxweight.preference.env_ids import make
+    from jaxweight.rl.env_ids import make
     env, params = make("gymnax:Acrobot-v1", horizon=100)
     assert env.horizon == 100 and params.max_steps_in_episode == 100
 """

@@ -11,8 +11,10 @@ from gymnax.environments import environment, spaces
 from jaxweight import checkpoint
 from jaxweight import preference as pf
 from jaxweight.preference import driver as dr
-from jaxweight.preference.envs import make_env, reward_net
-from jaxweight.preference.sac import SACConfig, SACGenerator, SACHParams, squashed_sample
+from jaxweight.rl.envs import make_env
+from jaxweight.preference.env_rewards import reward_net
+from jaxweight.rl.sac import SACConfig, SACHParams, squashed_sample
+from jaxweight.preference.generators import SACGenerator
 
 TINY = dict(num_envs=4, buffer_size=64, batch_size=16, updates_per_step=2, learning_starts=0, hidden_sizes=(8,))
 

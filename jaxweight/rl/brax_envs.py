@@ -5,7 +5,7 @@ brax 0.14: ``ant``, ``halfcheetah``, ``hopper``, ``humanoid``,
 ``humanoidstandup``, ``inverted_double_pendulum``, ``inverted_pendulum``,
 ``pusher``, ``reacher``, ``swimmer``, ``walker2d``), built with brax's own
 defaults (its default physics backend, ``"generalized"`` for these) and
-wrapped in :class:`~jaxweight.preference.fixed_horizon.FixedHorizon`, as the
+wrapped in :class:`~jaxweight.rl.fixed_horizon.FixedHorizon`, as the
 seals MuJoCo suite:
 
 - every episode lasts exactly ``horizon`` steps (default 1000, the
@@ -39,7 +39,7 @@ reset_noise_scale=0.01)``.
 With brax installed (not run by the docstring tests, which run without the extra)::
 
     import jax, jax.numpy as jnp
-    from jaxweight.preference.envs import make_env
+    from jaxweight.rl.envs import make_env
     env, params = make_env("brax:inverted_pendulum", horizon=50)
     obs, s = env.reset_env(jax.random.key(0), params)            # obs f32[4]
     obs, s, r, done, info = env.step_env(jax.random.key(1), s, jnp.zeros(1), params)
@@ -114,7 +114,7 @@ class BraxEnv(environment.Environment):
         that brax drops by default and this observation keeps (seals-style; 1
         for halfcheetah, hopper, walker2d: x; 2 for ant: x, y), else 0. An agent
         can leave them out (:attr:`PPOConfig.skip_obs
-        <jaxweight.preference.ppo.PPOConfig.skip_obs>`) while a reward model sees them.
+        <jaxweight.rl.ppo.PPOConfig.skip_obs>`) while a reward model sees them.
     """
 
     def __init__(self, env: Any, name: str, positions: int = 0):

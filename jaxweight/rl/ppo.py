@@ -1,6 +1,6 @@
 """A compact PPO agent (purejaxrl-style, flax + optax): config, hyperparameters, network, state and loss.
 
-Used by :class:`~jaxweight.preference.generators.AgentGenerator`. Every state
+Used by :class:`~jaxweight.rl.ppo_agent.PPOAgent`. Every state
 leaf has an explicit dtype and every continuous hyperparameter is an array
 leaf (vmappable, never recompiles). Not rejax's PPO: rejax 0.1.3 keeps Python
 scalars in its train state, bakes the learning rate into a static optimizer
@@ -9,7 +9,7 @@ and its rollouts drop the pre-reset final observation that fragments need.
 Example::
 
     import jax, jax.numpy as jnp
-    from jaxweight.preference.ppo import ActorCritic, PPOConfig, PPOHParams
+    from jaxweight.rl.ppo import ActorCritic, PPOConfig, PPOHParams
     cfg, hp = PPOConfig(num_envs=2, num_steps=8), PPOHParams.create(learning_rate=3e-4)
     net = ActorCritic(action_dim=2, discrete=True, hidden_sizes=(8,))
     params = net.init(jax.random.key(0), jnp.zeros((1, 4)))
@@ -29,13 +29,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import linen as nn
 from flax import struct
 
 from .._util import check_value
+from .normalization import ObsNorm, obs_norm_apply
 
-__all__ = ["PPOConfig", "PPOHParams", "PPOState", "ActorCritic", "Transition", "ObsNorm", "orthogonal", "gae",
-           "ppo_loss", "ppo_loss_fresh_gae", "split_unrolls", "obs_norm_init", "obs_norm_update", "obs_norm_apply"]
+__all__ = ["PPOConfig", "PPOHParams", "PPOState", "ActorCritic", "Transition", "orthogonal", "gae", "ADVANTAGES",
+           "ppo_loss", "ppo_loss_fresh_gae", "split_unrolls", "adam_with_learning_rate", "set_learning_rate"]
 
 Array = jax.Array
 
@@ -70,7 +72,7 @@ class PPOConfig:
         puts about a third of the samples on the bounds; brax's tanh-squashed
         policy starts near 0.7 before the squashing).
       absorbing_bootstrap: training rollouts only, for a
-        :class:`~jaxweight.preference.fixed_horizon.FixedHorizon` environment: when
+        :class:`~jaxweight.rl.fixed_horizon.FixedHorizon` environment: when
         an environment enters its absorbing state, PPO ends the episode there and
         resets it, adding the discounted value of absorbing forever,
         ``gamma * r_abs / (1 - gamma)`` with ``r_abs`` the reward of an absorbing
@@ -101,7 +103,7 @@ class PPOConfig:
         it; the observation normaliser still keeps statistics of every entry).
         For observations whose first entries are the current position, kept
         for a reward model (seals-style brax ids, :attr:`BraxEnv.positions
-        <jaxweight.preference.brax_envs.BraxEnv.positions>`): the agent then
+        <jaxweight.rl.brax_envs.BraxEnv.positions>`): the agent then
         sees brax's own observation. A position grows without bound over an
         episode, so a policy that sees it meets normalised inputs it never saw
         as the body moves on.
@@ -204,6 +206,31 @@ class PPOHParams:
         anneal = self.anneal_steps
         frac = jnp.clip(1.0 - steps.astype(jnp.float32) / jnp.where(anneal > 0, anneal, 1.0), 0.0, 1.0)
         return self.learning_rate * jnp.where(anneal > 0, frac, 1.0)
+
+
+def adam_with_learning_rate(learning_rate: Any, *transforms: optax.GradientTransformation,
+                            eps: float = 1e-8) -> optax.GradientTransformation:
+    """``transforms`` (e.g. gradient clipping), then Adam, its learning rate a leaf of the optimizer state.
+
+    ``optax.inject_hyperparams`` keeps the learning rate in the state, so the agents set it before
+    every update (:func:`set_learning_rate`: PPO's annealing, a learning rate per seed under
+    ``vmap``) and a new value never recompiles.
+
+    Args:
+      learning_rate: the initial value (replaced by :func:`set_learning_rate` before each use).
+      *transforms: gradient transformations applied before Adam.
+      eps: Adam's epsilon.
+    """
+    def make(learning_rate):
+        return optax.chain(*transforms, optax.adam(learning_rate, eps=eps))
+
+    return optax.inject_hyperparams(make)(learning_rate=learning_rate)
+
+
+def set_learning_rate(opt_state: Any, learning_rate: Array) -> Any:
+    """The state of :func:`adam_with_learning_rate` with its learning rate set to ``learning_rate`` (a copy)."""
+    hyper = {**opt_state.hyperparams, "learning_rate": jnp.asarray(learning_rate, jnp.float32)}
+    return opt_state._replace(hyperparams=hyper)
 
 
 def orthogonal(scale: float = 1.0) -> Callable[[Array, Sequence[int], Any], Array]:
@@ -328,7 +355,7 @@ class PPOState:
 
     Attributes:
       params: actor-critic parameters.
-      opt_state: optax state (gradient clipping + Adam moments).
+      opt_state: optax state (:func:`adam_with_learning_rate`: the learning rate, gradient clipping, Adam moments).
       env_state: batched env state ``[E]`` of the training environments.
       obs: ``f32[E, D]`` current observations of the training environments.
       steps: ``i32[]`` environment steps trained so far.
@@ -344,55 +371,6 @@ class PPOState:
     steps: Array
     episodes: Array
     obs_norm: Any = None
-
-
-@struct.dataclass
-class ObsNorm:
-    """Running statistics of the observations (Chan et al.'s parallel mean / variance update).
-
-    Attributes:
-      mean: ``f32[*obs_shape]``.
-      m2: ``f32[*obs_shape]`` sum of squared deviations from the mean.
-      count: ``f32[]`` observations seen (starts at a tiny 1e-4 so that the
-        first normalisation is the identity up to 1e-4).
-    """
-
-    mean: Array
-    m2: Array
-    count: Array
-
-
-#: normalised observations are clipped to +-this (Stable-Baselines3's VecNormalize ``clip_obs``)
-OBS_CLIP = 10.0
-_OBS_EPS = 1e-8
-
-
-def obs_norm_init(obs_shape: Sequence[int]) -> ObsNorm:
-    """Statistics of no observation: mean 0, variance 1."""
-    shape = tuple(obs_shape)
-    c = jnp.asarray(1e-4, jnp.float32)
-    return ObsNorm(jnp.zeros(shape, jnp.float32), c * jnp.ones(shape, jnp.float32), c)
-
-
-def obs_norm_update(norm: ObsNorm, obs: Array) -> ObsNorm:
-    """``norm`` with the observations ``f32[..., *obs_shape]`` folded in (all leading axes are a batch)."""
-    x = jnp.asarray(obs, jnp.float32).reshape((-1,) + norm.mean.shape)
-    n = jnp.asarray(x.shape[0], jnp.float32)
-    b_mean = jnp.mean(x, axis=0)
-    b_m2 = jnp.sum(jnp.square(x - b_mean), axis=0)
-    total = norm.count + n
-    delta = b_mean - norm.mean
-    mean = norm.mean + delta * (n / total)
-    m2 = norm.m2 + b_m2 + jnp.square(delta) * (norm.count * n / total)
-    return ObsNorm(mean, m2, total)
-
-
-def obs_norm_apply(norm: ObsNorm | None, obs: Array) -> Array:
-    """``clip((obs - mean) / sqrt(var + 1e-8), +-10)`` of ``f32[..., *obs_shape]``; ``obs`` itself for ``None``."""
-    if norm is None:
-        return obs
-    var = norm.m2 / norm.count
-    return jnp.clip((obs - norm.mean) / jnp.sqrt(var + _OBS_EPS), -OBS_CLIP, OBS_CLIP)
 
 
 @struct.dataclass

@@ -9,17 +9,16 @@ import pytest
 from gymnax.environments.classic_control import cartpole as gx_cartpole
 from gymnax.environments.classic_control import pendulum as gx_pendulum
 
-from jaxweight.preference.envs import (
+from jaxweight.rl.envs import (
     FixedHorizonCartPole,
     FixedHorizonPendulum,
     LearnedRewardEnv,
     LearnedRewardParams,
-    MirroredReward,
     env_step,
     make_env,
     oracle_reward,
-    reward_net,
 )
+from jaxweight.preference.env_rewards import MirroredReward, reward_net
 
 
 def _rollout(env, params, key, actions):

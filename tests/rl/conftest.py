@@ -1,6 +1,6 @@
-"""tests/preference: test_brax.py needs brax (the ``brax`` extra, kept out of ``.[all]``). Without brax it is
+"""tests/rl: test_brax.py needs brax (the ``brax`` extra, kept out of ``.[all]``). Without brax it is
 not collected (the main suite); CI installs the extra in its own step and runs it there, where nothing may skip:
-``pytest_step brax tests/preference/test_brax.py`` in .ci/run."""
+``pytest_step brax tests/rl/test_brax.py`` in .ci/run."""
 
 import importlib.util
 

@@ -15,14 +15,14 @@ their length leaks the reward and fragments near the end are cut short
   those steps.
 
 The true reward stays the inner environment's ``step_env`` reward (0 while
-absorbing): the generator records it in ``Trajectories.rews``, which is all
-the synthetic teacher reads. A reward model sees the absorbing steps as
+absorbing): an agent's samples record it (:class:`~jaxweight.rl.rollout.Episodes` ``rews``;
+the preference generators' ``Trajectories.rews``, which is all the synthetic teacher reads). A reward model sees the absorbing steps as
 ``obs == next_obs == terminal observation``.
 
 Example::
 
     import gymnax, jax
-    from jaxweight.preference.fixed_horizon import FixedHorizon
+    from jaxweight.rl.fixed_horizon import FixedHorizon
     env = FixedHorizon(gymnax.make("MountainCar-v0")[0], horizon=50)
     params = env.default_params                  # params.max_steps_in_episode == 50
     obs, state = env.reset(jax.random.key(0), params)
@@ -259,7 +259,7 @@ class FixedHorizon(environment.Environment):
     @property
     def obs_scale(self) -> tuple:
         """Typical magnitude of each observation entry (nested tuples of ``obs_shape``), for
-        :func:`~jaxweight.preference.envs.reward_net`'s squashing: ``max(|low|, |high|)`` of
+        :func:`~jaxweight.preference.env_rewards.reward_net`'s squashing: ``max(|low|, |high|)`` of
         the observation space where both bounds are finite, nonzero and below 1e6, else 1.
 
         Raises:

@@ -6,10 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxweight.preference.envs import make_env
+from jaxweight.rl.envs import make_env
 from jaxweight.preference.generators import AgentGenerator
-from jaxweight.preference.ppo import (OBS_CLIP, PPOConfig, PPOHParams, Transition, gae, obs_norm_apply, obs_norm_init,
-                                      obs_norm_update, split_unrolls)
+from jaxweight.rl.normalization import OBS_CLIP, obs_norm_apply, obs_norm_init, obs_norm_update
+from jaxweight.rl.ppo import PPOConfig, PPOHParams, Transition, gae, split_unrolls
 
 TINY = dict(num_envs=4, num_steps=8, num_minibatches=2, update_epochs=1, hidden_sizes=(8,))
 
@@ -75,7 +75,7 @@ def test_absorbing_bootstrap_ends_and_resets_with_the_value_of_absorbing():
     """Training rollouts on a FixedHorizon env: an env that terminates ends its PPO episode there, with the
     discounted value of absorbing forever (gamma r_abs / (1 - gamma), r_abs the learned reward of an absorbing
     step) added, and starts afresh; steps before that keep their reward."""
-    from jaxweight.preference.ppo import PPOHParams
+    from jaxweight.rl.ppo import PPOHParams
 
     env, p = make_env("gymnax:CartPole-v1", horizon=50)
     gamma = 0.9
@@ -139,7 +139,7 @@ def test_state_dependent_std_is_brax_softplus_scale_and_trains():
     """PPOConfig.state_dependent_std: the output layer gives mean and std per state (softplus(raw) + 0.001,
     ~0.69 at the start), the log-probability and entropy use the per-state std, and training runs; off by
     default and recorded only when on."""
-    from jaxweight.preference.ppo import _log_prob_entropy
+    from jaxweight.rl.ppo import _log_prob_entropy
 
     env, p = make_env("pendulum")
     assert "ppo/state_dependent_std" not in AgentGenerator(env, p, config=PPOConfig(**TINY)).fingerprint()
