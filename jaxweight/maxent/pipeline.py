@@ -276,7 +276,8 @@ def step(
 
     Bad data: an entry whose reward, ``ref_logp`` or token count is NaN / inf is left out
     of every statistic as if masked, and counted in ``n_invalid``; a batch with no valid
-    entry leaves the state exactly unchanged. A KL that is not valid (``kl_valid`` False,
+    entry leaves the state unchanged, except that an entropy EMA not yet set starts at ``tau``
+    (maxent_grpo's rule for a first invalid measurement, which holds even for an empty batch). A KL that is not valid (``kl_valid`` False,
     or not finite) is not used. Nothing the step returns holds a NaN or inf placeholder:
     "not measured" is a flag (``has_kl``, ``has_entropy_target``), so the step runs under
     ``jax_debug_nans`` / ``jax_debug_infs`` on finite, masked inputs.
@@ -327,8 +328,11 @@ def step(
     if measured_kl is not None:
         kl, has_kl = measurement(measured_kl, kl_valid)
         new = update_beta(new, kl, cfg, valid=has_kl)
-    # a batch without a valid entry measured nothing: the state stays exactly as it was
-    new = jax.tree.map(lambda a, b: jnp.where(rows > 0, a, b), new, state)
+    # a batch without a valid entry measured nothing: the state stays as it was, except that an
+    # unset entropy EMA starts at tau (maxent_grpo's rule holds on the first call even then)
+    empty = state.replace(entropy_ema=jnp.where(state.has_entropy_ema, state.entropy_ema, state.tau),
+                          has_entropy_ema=jnp.ones_like(state.has_entropy_ema))
+    new = jax.tree.map(lambda a, b: jnp.where(rows > 0, a, b), new, empty)
     out = MaxEntStepOutput(
         advantages=stats.advantages, q=stats.q, weights=w, entropy=ent, ess=ess, ess_mean=ess_mean,
         max_weight=jnp.max(w, initial=0.0), frac_zero_std=stats.frac_zero_std, zero_std=stats.zero_std,

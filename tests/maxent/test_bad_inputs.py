@@ -293,6 +293,26 @@ def test_all_invalid_batch_leaves_state_identical(case):
     assert np.all(np.isfinite(np.asarray(out.entropy.per_group)))
 
 
+@pytest.mark.parametrize("case", ["all_masked", "rewards_nan"])
+def test_all_invalid_first_batch_starts_the_ema_at_tau(case):
+    """maxent_grpo's rule holds on the first call even for an empty batch: the unset entropy
+    EMA starts at tau, and nothing else changes (beta ignores the KL of a batch that measured nothing)."""
+    u, ref, tok = _batch()
+    mask = np.zeros(u.shape, bool) if case == "all_masked" else None
+    if case == "rewards_nan":
+        u[:] = NAN
+    assert not bool(S0.has_entropy_ema)
+    new, out = _step(S0, u, ref, tok, mask, global_step=9, measured_kl=0.5)
+    assert int(out.entropy.count) == 0
+    assert bool(new.has_entropy_ema) and float(new.entropy_ema) == float(S0.tau)
+    for a, b in zip(jax.tree.leaves(new.replace(entropy_ema=S0.entropy_ema, has_entropy_ema=S0.has_entropy_ema)),
+                    jax.tree.leaves(S0), strict=True):
+        np.testing.assert_array_equal(a, b)
+    again, _ = _step(new, u, ref, tok, mask, global_step=10, measured_kl=0.5)  # later ones change nothing
+    for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(new), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("bad", [NAN, INF])
 def test_controller_nonfinite_measurements_leave_state(bad):
     s = M.update_tau(S0, 1.3, 0, SCHED)

@@ -155,7 +155,8 @@ def test_metrics_dict_under_debug_checks(all_masked):
     assert all(math.isfinite(v) for v in [*logs.values(), *st.values(), *fresh.values()])
     # nothing measured yet: the fresh state has no EMA and no target to report
     assert "maxent/entropy_ema" not in fresh and "maxent/current_target" not in fresh
-    if all_masked:  # the batch measured nothing: the state is the fresh one
+    if all_masked:  # the batch measured nothing: the fresh state, but its EMA started at tau (maxent_grpo)
+        assert st.pop("maxent/entropy_ema") == pytest.approx(fresh["maxent/tau"])
         assert st == fresh
     else:
         assert logs["maxent/kl"] == pytest.approx(0.07) and st["maxent/current_target"] == pytest.approx(0.8)
