@@ -35,12 +35,25 @@ def devices8():
     return devs[:8]
 
 
+# The fast tier (``-m "not slow"``, <= 5 minutes on 2 cores): per package its contract and bad-input
+# tests, one end-to-end smoke run per demo and the repository's own checks. These files are fast
+# whole; elsewhere a test joins the tier with ``@pytest.mark.fast``. Every other test is also
+# marked ``slow`` here and runs with the whole suite (what CI runs).
+FAST_FILES = ("test_contract.py", "test_bad_inputs*.py", "test_layers.py", "test_readme.py",
+              "test_results_registry.py", "test_packaging.py", "test_device_suite.py")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """The fast tier (``-m "not slow"``) runs the jit twin of each ``jit_or_eager`` pair; the eager twin
-    runs op by op (every primitive compiled on its own, several times the CPU time), so it is marked
-    ``slow`` and runs with the whole suite."""
+    """Marks ``slow`` every test outside the fast tier (above), and the eager twin of each
+    ``jit_or_eager`` pair everywhere: it runs op by op (every primitive compiled on its own,
+    several times the CPU time), while its jit twin stays in the tier."""
+    import fnmatch
+
     for item in items:
         callspec = getattr(item, "callspec", None)
-        if callspec is not None and callspec.params.get("jit_or_eager") == "eager":
+        eager = callspec is not None and callspec.params.get("jit_or_eager") == "eager"
+        fast = item.get_closest_marker("fast") is not None or any(
+            fnmatch.fnmatch(item.path.name, pat) for pat in FAST_FILES)
+        if eager or not fast:
             item.add_marker(pytest.mark.slow)

@@ -431,8 +431,12 @@ def test_wrong_ranks_and_mismatched_lengths_name_the_argument(case, shape):
 
 @pytest.mark.parametrize("shape", [(0, G), (P, 0), (0, 0)])
 def test_empty_batches_leave_the_maxent_state_unchanged(shape):
+    # the first call starts the unset entropy EMA at tau (maxent_grpo's rule), nothing else moves
     new, out = maxent.step(M_STATE, jnp.zeros(shape), jnp.zeros(shape), M_CFG, global_step=3, measured_kl=0.5)
-    assert _same(new, M_STATE) and _finite(_maxent_outputs(out)) and int(out.n_invalid) == 0
+    started = M_STATE.replace(entropy_ema=M_STATE.tau, has_entropy_ema=jnp.ones_like(M_STATE.has_entropy_ema))
+    assert _same(new, started) and _finite(_maxent_outputs(out)) and int(out.n_invalid) == 0
+    again, out = maxent.step(new, jnp.zeros(shape), jnp.zeros(shape), M_CFG, global_step=4, measured_kl=0.5)
+    assert _same(again, new) and _finite(_maxent_outputs(out))
 
 
 def test_empty_curriculum_and_awr_batches_leave_the_state_unchanged():

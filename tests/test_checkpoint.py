@@ -11,6 +11,8 @@ from jaxweight import checkpoint
 from jaxweight.checkpoint import CheckpointError
 from tests.contracts import assert_trees_close
 
+pytestmark = pytest.mark.fast  # the base modules in the fast tier
+
 
 @struct.dataclass
 class _State:

@@ -8,6 +8,8 @@ import pytest
 
 from jaxweight import _util as U
 
+pytestmark = pytest.mark.fast  # the base modules in the fast tier
+
 
 def test_as_key_forms():
     k = jax.random.key(3)

@@ -38,6 +38,7 @@ def test_update_contracts(tmp_path):
     )
 
 
+@pytest.mark.slow  # over the fast tier's budget (tests/conftest.py)
 def test_update_groups_contracts(tmp_path):
     cfg = cur.config("uniform", 5, capacity=N, rebin_interval=2)
     cfg2 = cur.config("uniform", 5, capacity=N, rebin_interval=5, ema_alpha=0.1)
@@ -53,6 +54,7 @@ def test_update_groups_contracts(tmp_path):
     )
 
 
+@pytest.mark.slow  # over the fast tier's budget (tests/conftest.py)
 def test_donated_update_and_step():
     """The README recipe: ``jax.jit(cur.step, donate_argnums=0)`` updates the pool in place."""
     cfg = cur.config("easy_first", 5, capacity=N)

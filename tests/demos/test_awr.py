@@ -31,6 +31,7 @@ def test_demo_group_advantages_is_the_library_one():
     np.testing.assert_array_equal(demo.group_advantages(r), maxent.group_advantages(x, eps=1e-6, ddof=0))
 
 
+@pytest.mark.fast
 @pytest.mark.smoke
 def test_demo_smoke_tiny(tmp_path, monkeypatch):
     """Smoke (the fast tier's end-to-end run of the demo): tiny sizes, every output written and finite."""

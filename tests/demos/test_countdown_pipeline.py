@@ -124,6 +124,7 @@ def test_eval_metrics_on_a_hand_built_case():
     np.testing.assert_allclose(out["coverage_at_8"][1][0], 0.0)
 
 
+@pytest.mark.fast
 def test_tiny_run_writes_finite_results(tmp_path):
     """Smoke test (with a few properties): the whole demo at tiny size."""
     res = D.run(TINY, seed=0, out=tmp_path)

@@ -116,6 +116,7 @@ def test_grpo_demo_run_rejects_bad_steps_and_seed():
 
 
 
+@pytest.mark.fast
 @pytest.mark.smoke
 def test_grpo_demo_smoke_tiny(tmp_path):
     """Smoke (the fast tier's end-to-end run of the demo): a tiny task, both methods, outputs written."""

@@ -248,6 +248,7 @@ def test_learner_and_actor_on_different_devices_equal_single_device(quick_run, d
             np.testing.assert_allclose(a["arms"][arm]["trace"][k][:1], v[:1], rtol=2e-4, atol=2e-5, err_msg=k)
 
 
+@pytest.mark.fast
 @pytest.mark.smoke
 def test_cli_smoke_tiny(tmp_path, capsys):
     """Smoke (the fast tier's end-to-end run of the demo): the quick task cut to a few steps."""

@@ -252,6 +252,7 @@ def test_nonfinite_entry_masked_and_counted(where, bad):
         np.testing.assert_allclose(out.advantages, clean.advantages, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow  # over the fast tier's budget (tests/conftest.py)
 @pytest.mark.parametrize("big", [3e38, -3e38])
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
 def test_huge_reward_gives_finite_weights(scale, big):

@@ -578,6 +578,7 @@ def _stack(*cfgs):
     return jax.tree.map(lambda *x: jnp.stack(x), *cfgs)
 
 
+@pytest.mark.fast
 def test_maxent_component_contract(tmp_path):
     """The component contract: jit == eager, vmap over a hyperparameter sweep, no recompile, dtypes, checkpoint."""
     u, ref, tok, mask = _batch()

@@ -456,6 +456,7 @@ def test_discrete_observations_outside_the_space_are_named_too():
         trainer.train(state, 0, buf)
 
 
+@pytest.mark.slow  # over the fast tier's budget (tests/conftest.py)
 @pytest.mark.parametrize("where", ["obs", "pref"])
 def test_one_nan_in_an_ensemble_batch_leaves_every_member_finite(where):
     idx = jnp.arange(12).reshape(3, 4)  # one batch of 4 per member

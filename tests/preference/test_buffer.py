@@ -117,6 +117,7 @@ def test_valid_flags_are_stored_and_masked():
     np.testing.assert_array_equal(buffer.mask(buf), [True, False, True, False])
 
 
+@pytest.mark.fast
 def test_buffer_contract_donation_and_checkpoint(tmp_path):
     ex = _pairs([0, 0])
     cfg = buffer.config(5)

@@ -50,6 +50,7 @@ def test_bad_env_ids_are_one_line_naming_env_and_exit_2(argv, match, capsys):
         demo.settings(argv[1])
 
 
+@pytest.mark.fast
 def test_tiny_run_on_a_gymnax_id(tmp_path):
     """``--env gymnax:Acrobot-v1`` end to end at tiny sizes: the results file has the cartpole file's layout
     (settings.env, final.return, baseline_return) and the numbers are sane. About 45 s of CPU, nearly all of it

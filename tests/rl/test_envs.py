@@ -36,6 +36,7 @@ def _rollout(env, params, key, actions):
     return jnp.concatenate([obs0[None], obs]), rews, dones, states
 
 
+@pytest.mark.fast
 def test_cartpole_fixed_horizon_and_upright_reward():
     env, p = make_env("cartpole")
     assert env.horizon == 500 and p.max_steps_in_episode == 500 and env.fixed_horizon
@@ -93,6 +94,7 @@ def test_cartpole_oracle_reward_matches_env():
     np.testing.assert_array_equal(r2, rews)
 
 
+@pytest.mark.fast
 def test_bad_arguments():
     with pytest.raises(ValueError, match="horizon"):
         FixedHorizonCartPole(horizon=0)
@@ -110,6 +112,7 @@ def test_bad_arguments():
     assert env.horizon == 20 and p.max_steps_in_episode == 20
 
 
+@pytest.mark.fast
 def test_learned_reward_env_returns_learned_reward_and_keeps_true_one():
     """The agent-facing reward is reward_apply's; the true reward is in info only."""
     env, p = make_env("cartpole")
