@@ -80,6 +80,7 @@ def test_donated_update_and_step():
     np.testing.assert_array_equal(sampled, items)
 
 
+@pytest.mark.slow  # over the fast tier's budget; the tier keeps the update contracts and the demo's run
 def test_step_contract(tmp_path):
     """The component contract of ``cur.step``: jit == eager, no recompilation for new values
     (hyperparameters included), stable layout, vmap over seeds and over a hyperparameter,
