@@ -89,20 +89,8 @@ class _Sampling:
     """``sample``: an agent's :meth:`~jaxweight.rl.rollout.EpisodeSampler.sample_episodes` as ``Trajectories``."""
 
     def sample(self, state: Any, key: Any, steps: Any, *, max_steps: int | None = None) -> Trajectories:
-        """Roll out the current policy (and the exploration policy) for ``>= steps`` transitions.
-
-        As imitation's ``AgentTrainer.sample``: ``e = int(exploration_frac * steps)``
-        (at least 1 when ``exploration_frac > 0``) transitions come from
-        exploration episodes and ``steps - e`` from the agent; each part is
-        whole episodes, agent episodes first. Rewards are the environment's
-        true rewards (for the synthetic teacher).
-
-        Args:
-          state: generator state.
-          key: rollout key.
-          steps: requested transitions (static int, or traced ``i32[]`` with ``max_steps``).
-          max_steps: static upper bound of ``steps`` fixing the output shape
-            (default ``steps``, which must then be a static int).
+        """:meth:`~jaxweight.rl.rollout.EpisodeSampler.sample_episodes` (same arguments: imitation's
+        ``AgentTrainer.sample`` with its exploration episodes) as preference ``Trajectories``.
 
         Returns:
           ``Trajectories(obs f32[N, H+1, D], acts [N, H, ...], rews f32[N, H],
