@@ -148,16 +148,25 @@ def _steady_rate(curve: list[dict], seeds: int = 1) -> float | None:
     return seeds * (b["steps"] - a["steps"]) / (b["elapsed_s"] - a["elapsed_s"])
 
 
+def _nearest(curve: list[dict], steps: int) -> dict:
+    """brax's evaluation nearest to ``steps`` (its steps are whole training steps, ours whole chunks)."""
+    pts = [c for c in curve if c.get("steps", 0) > 0]
+    if not pts:
+        return {"brax": None, "brax_steps": None}
+    c = min(pts, key=lambda c: abs(c["steps"] - steps))
+    return {"brax": c["return"], "brax_steps": c["steps"]}
+
+
 def part_ppo_vs_brax(size: str) -> dict:
     b = BUDGET[size]["ppo"]
     steps, evals = b["steps"], b["evals"]
     ours = _run_json([str(HERE / "bench_preference_brax.py"), *b["ours"], "--steps", str(steps),
                       "--evals", str(evals)], b["timeout"])
+    # brax evaluates at step 0 too: evals + 1 evaluations put its points where ours are
     ref = _run_json([str(HERE / "bench_preference_brax_ref.py"), *b["ref"], "--steps", str(steps),
-                     "--evals", str(evals)], b["timeout"])
+                     "--evals", str(evals + 1)], b["timeout"])
     r_ours, r_ref = _steady_rate(ours["curve"], ours["settings"]["seeds"]), _steady_rate(ref["curve"])
-    ref_at = {c["steps"]: c["return"] for c in ref["curve"]}
-    at_equal = [{"steps": c["steps"], "ours": c["return"], "brax": ref_at.get(c["steps"])} for c in ours["curve"]]
+    at_equal = [dict(steps=c["steps"], ours=c["return"], **_nearest(ref["curve"], c["steps"])) for c in ours["curve"]]
     return {"env": ours["env"], "num_envs": ours["settings"]["num_envs"], "steps": steps,
             "ours_steps_per_s": r_ours, "brax_steps_per_s": r_ref,
             "ratio": (r_ours / r_ref) if (r_ours and r_ref) else None,
