@@ -6,7 +6,7 @@ one-device step, :func:`data_parallel_grad` / :func:`data_parallel_train_step`
 with ``shard_map`` and ``lax.pmean``), and several processes
 (:func:`initialize_cpu_cluster`, :func:`shard_batch`, :func:`replicate`,
 :func:`to_host`, :func:`broadcast_from_process0`). The same code runs on one
-device, several devices and several processes. Guide: ``docs/multihost.md``.
+device, several devices and several processes. Guide: ``docs/guides/multihost.md``.
 
 Example::
 
