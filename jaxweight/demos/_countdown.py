@@ -1,6 +1,6 @@
 """The Countdown task of ModeBench (maxent-grpo): three numbers, one target, several right answers.
 
-A problem is three distinct integers from 2..12 and a target in 1..99; an answer is one
+A problem is three distinct integers from 2..12 and a target; an answer is one
 expression that uses each number exactly once with ``+ - * /`` and parentheses. Every
 expression over the three numbers is enumerated exactly (all orders x both binary tree
 shapes x 4^2 operators, :class:`fractions.Fraction` arithmetic, division by zero dropped) and
@@ -8,8 +8,10 @@ reduced to a **canonical form**: at every ``+`` and ``*`` node the two operands 
 (numbers first, by value), the operators are kept and nothing is re-associated, so
 ``3*(12-7)`` and ``(12-7)*3`` are one mode but ``2+(3+4)`` and ``(2+3)+4`` (canonically
 ``4+(2+3)``) are two, and so are ``12-7+3`` and ``12-(7-3)``. A problem's *modes* are its
-distinct canonical solutions; problems with 2..8 modes are kept (1,015 candidates,
-:func:`candidates`), and :func:`make_splits` draws 384 train and 128 eval problems.
+distinct canonical solutions. The benchmark's pool is the paper's generator's (:data:`POOLS`
+``"paper"``, the default): targets in 1..36, no target equal to one of its numbers, 2..8 modes:
+787 candidates (:func:`candidates`), from which :func:`make_splits` draws 384 train and 128 eval
+problems. ``"full"`` keeps targets up to 99 and targets equal to a number (1,015 candidates).
 
 Tokens (:data:`VOCAB` extends the arithmetic task's, same ids for the shared symbols, ``PAD``
 and ``EOS``): prompt ``"3,7,12=25:"`` (numbers ascending) left-padded to ``PROMPT_LEN``;
@@ -39,7 +41,7 @@ import numpy as np
 from . import _lm_task
 
 __all__ = [
-    "VOCAB", "PAD", "EOS", "VOCAB_SIZE", "PROMPT_LEN", "COMPLETION_LEN", "NUMBERS", "TARGET_MAX",
+    "VOCAB", "PAD", "EOS", "VOCAB_SIZE", "PROMPT_LEN", "COMPLETION_LEN", "NUMBERS", "TARGET_MAX", "POOLS",
     "MIN_MODES", "MAX_MODES", "MAX_CHARS", "MAX_DEPTH", "MAX_LITERAL_DIGITS", "N_TRAIN", "N_EVAL",
     "Tree", "evaluate", "canonical", "tree_code", "render", "expressions", "solutions",
     "parse", "reward", "mode_id", "Problems", "candidates", "make_splits", "summary",
@@ -52,8 +54,11 @@ VOCAB = _lm_task.VOCAB + ("*", "/", "(", ")", ",", ":")
 PAD, EOS = _lm_task.PAD, _lm_task.EOS
 VOCAB_SIZE = len(VOCAB)
 NUMBERS = tuple(range(2, 13))
-TARGET_MAX = 99
+TARGET_MAX = 36              # the paper's generator: targets 1..36
 MIN_MODES, MAX_MODES = 2, 8
+# the problem pools: the paper's (its generator's filters) and the wider one of the first studies
+POOLS = {"paper": {"target_max": 36, "number_targets": False},
+         "full": {"target_max": 99, "number_targets": True}}
 PROMPT_LEN = 12              # "10,11,12=99:"
 COMPLETION_LEN = 12          # 11 characters + EOS; a canonical solution needs at most 10 ("(10+11)*12")
 MAX_CHARS = 64               # the host parser refuses longer text before reading it
@@ -353,7 +358,7 @@ class Problems:
                         self.solutions[idx])
 
 
-def _check_settings(numbers, target_max, min_modes, max_modes):
+def _check_settings(numbers, target_max, min_modes, max_modes, number_targets=False):
     numbers = tuple(int(x) for x in numbers)
     if len(numbers) < 3 or len(set(numbers)) != len(numbers) or min(numbers) < 0 or max(numbers) > 99:
         raise ValueError(f"numbers must be at least 3 distinct integers in 0..99, got {numbers}")
@@ -362,15 +367,18 @@ def _check_settings(numbers, target_max, min_modes, max_modes):
     if not 1 <= min_modes <= max_modes <= MAX_MODES:
         raise ValueError(f"need 1 <= min_modes <= max_modes <= {MAX_MODES}, got min_modes={min_modes}, "
                          f"max_modes={max_modes}")
+    if not isinstance(number_targets, (bool, np.bool_)):
+        raise ValueError(f"number_targets must be a bool, got {number_targets!r}")
     return numbers
 
 
 @functools.lru_cache(maxsize=8)
-def _candidates(numbers, target_max, min_modes, max_modes) -> Problems:
+def _candidates(numbers, target_max, min_modes, max_modes, number_targets) -> Problems:
     rows = []
     for triple in itertools.combinations(sorted(numbers), 3):
         for v, trees in expressions(triple).items():
-            if v.denominator == 1 and 1 <= v <= target_max and min_modes <= len(trees) <= max_modes:
+            if (v.denominator == 1 and 1 <= v <= target_max and min_modes <= len(trees) <= max_modes
+                    and (number_targets or int(v) not in triple)):
                 rows.append((triple, int(v), trees))
     rows.sort(key=lambda r: (r[0], r[1]))
     n = len(rows)
@@ -392,11 +400,13 @@ def _candidates(numbers, target_max, min_modes, max_modes) -> Problems:
 
 
 def candidates(numbers=NUMBERS, target_max: int = TARGET_MAX, min_modes: int = MIN_MODES,
-               max_modes: int = MAX_MODES) -> Problems:
+               max_modes: int = MAX_MODES, number_targets: bool = False) -> Problems:
     """Every problem (three of ``numbers``, a target in 1..``target_max`` with ``min_modes`` to
-    ``max_modes`` modes), sorted by numbers then target: 1,015 with the defaults."""
-    nums = _check_settings(numbers, target_max, min_modes, max_modes)
-    return _candidates(nums, int(target_max), int(min_modes), int(max_modes))
+    ``max_modes`` modes; a target equal to one of the three numbers only with ``number_targets``),
+    sorted by numbers then target: 787 with the defaults (the paper's pool), 1,015 with
+    ``**POOLS["full"]``."""
+    nums = _check_settings(numbers, target_max, min_modes, max_modes, number_targets)
+    return _candidates(nums, int(target_max), int(min_modes), int(max_modes), bool(number_targets))
 
 
 def make_splits(seed: int = 0, n_train: int = N_TRAIN, n_eval: int = N_EVAL, **settings) -> tuple:

@@ -1,19 +1,27 @@
 """``python -m jaxweight demo lm --task countdown``: does candidate-level exploration (xDr.GRPO) find more answers?
 
 ModeBench Countdown (:mod:`._countdown`): 384 train and 128 eval problems, each with 2 to 8
-distinct canonical solutions ("modes"). The demo's ``TinyLM`` gets a supervised warm start on
-the 1,580 single-mode problems (disjoint from both splits: it learns the format and some
-arithmetic, not these problems' modes), then every arm x training seed trains in ONE vmapped,
-jitted program (:mod:`._countdown_pipeline`) with the same rollout budget, on the train split
-only. Evaluation is the paper's: the final checkpoint, per eval prompt K = 8 samples at
-temperature 1 plus one greedy completion, for each of the evaluation seeds: greedy pass@1,
-pass@8, mean@8, distinct@8 (distinct correct modes) and coverage@8 (distinct@8 / the prompt's
-modes); each arm's effect against Dr.GRPO is the regression of :mod:`._countdown_stats`
-(seed fixed effects, prompt-clustered standard errors; statsmodels, the ``stats`` extra).
+distinct canonical solutions ("modes"), from the paper's pool (targets 1..36, none equal to one
+of the numbers; ``--pool full``: targets up to 99). The demo's ``TinyLM`` gets a supervised warm
+start on the pool's single-mode problems (disjoint from both splits: it learns the format and
+some arithmetic, not these problems' modes), then every arm x training seed trains in ONE
+vmapped, jitted program (:mod:`._countdown_pipeline`) with the same rollout budget, on the train
+split only; the arms of one training seed share its warm start and sampling keys. Evaluation is
+the paper's: the final checkpoint, per eval prompt K = 8 samples at temperature 1 plus one
+greedy completion, for each of the evaluation seeds: greedy pass@1, pass@8, mean@8, distinct@8
+(distinct correct modes) and coverage@8 (distinct@8 / the prompt's modes).
 
-Default: Dr.GRPO vs xDr.GRPO tau = 0.05, 3 training x 3 evaluation seeds. ``--sweep``: every
-arm of :data:`ARMS` (xDr.GRPO at every tau of :data:`SWEEP_TAUS`, SEED-Dr.GRPO, a token-entropy
-bonus). Outputs under ``--out`` (default ``jaxweight-out/lm-countdown/``): ``results.json``,
+The primary analysis (:mod:`._countdown_stats`, statsmodels and scipy: the ``stats`` extra) takes
+the training run as the unit: per training seed the paired difference of two arms, then the
+mean, a t interval and a Wilcoxon p over runs; mean@8 is judged flat by TOST at +-3 points;
+take-off shares by Fisher's exact test. The paper's regression (seed fixed effects,
+prompt-clustered errors) and the same regression clustered by prompt and run are secondary.
+
+Default: Dr.GRPO, xDr.GRPO tau = 0.05 and its step-size control (xDr.GRPO's weights averaged
+within each reward class: the same update magnitude without the concentration), 3 training x 3
+evaluation seeds; the study runs ``--train-seeds 32``. ``--sweep``: every arm of :data:`ARMS`
+(xDr.GRPO at every tau of :data:`SWEEP_TAUS`, SEED-Dr.GRPO, a token-entropy bonus, the
+control). Outputs under ``--out`` (default ``jaxweight-out/lm-countdown/``): ``results.json``,
 ``metrics.jsonl`` (every run's training diagnostics per step, the evaluation at the end) and
 ``countdown.png``.
 """
@@ -35,10 +43,9 @@ from . import _countdown_stats as ST
 from ._countdown_pipeline import (ARM_SETTINGS, ARMS, DEFAULT_ARMS, METRICS, QUICK, SWEEP_TAUS, CountdownConfig,
                                   make_pipeline, make_task, warm_start)
 
-__all__ = ["run", "main", "plot", "summary_table", "runs_table", "GOALS"]
+__all__ = ["run", "main", "plot", "summary_table", "runs_table", "primary_table", "goals", "COMPARISONS"]
 
 # the paper's signature at this scale: xDr.GRPO tau = 0.05 against Dr.GRPO (shares, not points)
-GOALS = {"coverage_at_8": 0.03, "pass_at_8": 0.05, "mean_at_8_band": 0.03}
 BUDGET_SECONDS = 900
 
 
@@ -118,25 +125,53 @@ def run(cfg: CountdownConfig | None = None, *, quick: bool = False, seed: int = 
     return res
 
 
+# the primary comparisons (treatment, reference), each where both arms ran
+COMPARISONS = (("xdr_tau0.05", "drgrpo"), ("xdr_tau0.05", "xdr_classmean_tau0.05"), ("xdr_classmean_tau0.05", "drgrpo"))
+PRIMARY_HOW = ("the training run is the unit: per training seed the paired difference of two arms' run means "
+               "(same warm start, same sampling keys) over evaluation seeds and prompts; over runs the mean, "
+               "Student-t CI95 (S - 1 df), two-sided t and Wilcoxon signed-rank p (scipy) and the minimum "
+               "detectable effect at 80% power (statsmodels); mean@8 is flat when the 90% t interval lies inside "
+               f"+-{100 * ST.TOST_MARGIN:.0f} points (TOST); a run takes off when its eval pass@8 ends >= "
+               f"{100 * ST.TAKEOFF_GAIN:.0f} points above its warm start's; take-off shares compared by Fisher's "
+               "exact test; all fixed in code before the 32-run study")
+
+
+def _primary(cfg, per_arm: dict, arms: dict) -> dict:
+    """Every comparison of :data:`COMPARISONS` whose arms ran: the run-level analysis per metric."""
+    out = {}
+    for t, r in COMPARISONS:
+        if t in cfg.arms and r in cfg.arms:
+            i, j = cfg.arms.index(t), cfg.arms.index(r)
+            c = {k: ST.paired_runs(per_arm[k][i], per_arm[k][j]) for k in METRICS}
+            c["mean_at_8"]["tost"] = ST.tost(per_arm["mean_at_8"][i], per_arm["mean_at_8"][j])
+            c["takeoff_fisher"] = ST.fisher(arms[t]["takeoff"], arms[r]["takeoff"])
+            out[f"{t} - {r}"] = c
+    return out
+
+
 def _results(cfg, task, base, final, history, timer, sft_loss) -> dict:
     a_n, s_n = len(cfg.arms), cfg.train_seeds
     per_arm = {k: np.asarray(final[k], np.float64).reshape(a_n, s_n, cfg.eval_seeds, -1) for k in METRICS}
     stats = _stats_available()
     arms = {}
     for i, a in enumerate(cfg.arms):
-        xdr, tau, seed_on, ent_on = ARM_SETTINGS[a]
+        xdr, tau, seed_on, ent_on, classmean = ARM_SETTINGS[a]
         r = {k: ST.summarise(per_arm[k][i]) for k in METRICS}
         arm = {k: v["mean"] for k, v in r.items()}
         arm["per_seed"] = {k: v["per_seed"] for k, v in r.items()}
         arm["per_seed_pair"] = {k: v["per_seed_pair"] for k, v in r.items()}
         arm["settings"] = {"xdr": xdr, "tau": tau if xdr else None, "seed_grpo": seed_on,
-                           "entropy_coef": cfg.entropy_coef if ent_on else 0.0}
-        arm["effect_vs_drgrpo"] = arm["effect_vs_drgrpo_across_runs"] = None
+                           "entropy_coef": cfg.entropy_coef if ent_on else 0.0, "class_mean": classmean}
+        arm["effect_vs_drgrpo"] = arm["effect_vs_drgrpo_across_runs"] = arm["effect_vs_drgrpo_run_clustered"] = None
         if a != "drgrpo" and "drgrpo" in cfg.arms and stats:
             b = cfg.arms.index("drgrpo")
             arm["effect_vs_drgrpo"] = {k: ST.effect(per_arm[k][i], per_arm[k][b]) for k in METRICS}
             arm["effect_vs_drgrpo_across_runs"] = {k: ST.effect_across_runs(per_arm[k][i], per_arm[k][b])
                                                    for k in METRICS}
+            arm["effect_vs_drgrpo_run_clustered"] = {k: ST.effect_run_clustered(per_arm[k][i], per_arm[k][b])
+                                                     for k in METRICS}
+        if stats:
+            arm["takeoff"] = ST.takeoff(per_arm["pass_at_8"][i], np.asarray(base["eval"]["pass_at_8"]))
         sl = slice(i * s_n, (i + 1) * s_n)
         trace = {k: [float(np.mean(h[k][sl])) for h in history] for k in (history[0] if history else {})
                  if k != "step"}
@@ -147,6 +182,7 @@ def _results(cfg, task, base, final, history, timer, sft_loss) -> dict:
         "per_seed": {k: np.asarray(v[k]).mean((1, 2)).tolist() for k in METRICS}} for sp, v in base.items()}
     return {
         "task": "countdown", "config": {**dataclasses.asdict(cfg), "arms": list(cfg.arms)},
+        "primary": _primary(cfg, per_arm, arms) if stats else None,
         "split": {"train": C.summary(task.train), "eval": C.summary(task.eval), "warm_start": C.summary(task.sft),
                   "how": "train and eval are disjoint draws (by numbers and target) from the problems with 2-8 "
                          "modes; the warm start uses the single-mode problems, disjoint from both"},
@@ -154,11 +190,13 @@ def _results(cfg, task, base, final, history, timer, sft_loss) -> dict:
                        "note": "the warm-start model of each training seed, evaluated like the final checkpoints "
                                "(mean_at_8 is its success rate, coverage_at_8 the share of modes it finds)"},
         "arms": arms,
-        "effects": ("regression per metric: Y = a + gamma 1{arm} + training-seed FE + evaluation-seed FE, "
+        "primary_how": PRIMARY_HOW,
+        "effects": ("secondary: regression per metric: Y = a + gamma 1{arm} + training-seed FE + evaluation-seed FE, "
                     "OLS, standard errors clustered by eval prompt (statsmodels); estimates are shares "
                     "(x 100 = points); effect_vs_drgrpo_across_runs: the robustness check with the training "
                     "run as the unit, the paired run-mean differences per training seed, mean and Student-t "
-                    "CI95 with S - 1 df (statsmodels OLS on a constant)")
+                    "CI95 with S - 1 df (statsmodels OLS on a constant); effect_vs_drgrpo_run_clustered: the same "
+                    "regression with standard errors clustered two ways, by prompt and by training run")
         if stats else "statsmodels missing: pip install 'jaxweight[stats]'",
         "rollouts_per_run": cfg.steps * cfg.prompts * cfg.generations,
         "runs": cfg.runs, "steps": cfg.steps,
@@ -187,10 +225,11 @@ def _table(rows: list) -> str:
 
 
 def runs_table(res: dict) -> str:
-    """Per arm: the effects vs Dr.GRPO with the training run as the unit (t CI95, S - 1 df), in points."""
-    rows = [["arm (across training runs)", "d pass@8 (pts)", "d coverage@8", "d mean@8", "runs"]]
+    """Per arm: the paper's regression vs Dr.GRPO with standard errors clustered by prompt and by
+    training run (two-way), in points: the secondary analysis beside the prompt-clustered one."""
+    rows = [["arm (regression, prompt x run clusters)", "d pass@8 (pts)", "d coverage@8", "d mean@8", "runs"]]
     for a, r in res["arms"].items():
-        e = r.get("effect_vs_drgrpo_across_runs")
+        e = r.get("effect_vs_drgrpo_run_clustered")
         if e:
             rows.append([a] + [_fmt_effect(e, k) for k in ("pass_at_8", "coverage_at_8", "mean_at_8")]
                         + [str(e["pass_at_8"]["runs"])])
@@ -211,30 +250,75 @@ def summary_table(res: dict) -> str:
     return _table(rows)
 
 
+def _fmt_primary(c: dict | None) -> str:
+    if not c:
+        return ""
+    if c["ci95"] is None:
+        return f"{100 * c['estimate']:+.1f}"
+    w = f"{c['p_wilcoxon']:.3f}" if c["p_wilcoxon"] is not None else "-"
+    return (f"{100 * c['estimate']:+.1f} [{100 * c['ci95'][0]:+.1f}, {100 * c['ci95'][1]:+.1f}] "
+            f"p {c['p_t']:.3f}/W {w}")
+
+
+def primary_table(res: dict) -> str:
+    """The primary analysis: per comparison the run-level paired effects in points, mean@8's TOST,
+    the take-off shares and Fisher's p."""
+    pr = res.get("primary") or {}
+    if not pr:
+        return ""
+    rows = [["comparison (runs as the unit)", "d pass@8 [CI95] p t/Wilcoxon", "d coverage@8", "d mean@8 TOST 90% CI",
+             "take-off", "Fisher p", "MDE80 pass@8/cov@8", "runs"]]
+    for name, c in pr.items():
+        t, r = name.split(" - ")
+        m8 = c["mean_at_8"]["tost"]
+        ci = (f"[{100 * m8['ci90'][0]:+.1f}, {100 * m8['ci90'][1]:+.1f}] " if m8["ci90"] else "") + (
+            "flat" if m8["flat"] else "not flat")
+        to = (f"{res['arms'][t]['takeoff']['took_off']}/{res['arms'][t]['takeoff']['runs']} vs "
+              f"{res['arms'][r]['takeoff']['took_off']}/{res['arms'][r]['takeoff']['runs']}")
+        mde = "/".join(f"{100 * c[k]['mde80']:.1f}" if c[k]["mde80"] is not None else "-"
+                       for k in ("pass_at_8", "coverage_at_8"))
+        rows.append([name, _fmt_primary(c["pass_at_8"]), _fmt_primary(c["coverage_at_8"]), ci, to,
+                     f"{c['takeoff_fisher']['p']:.3f}", mde, str(c["pass_at_8"]["runs"])])
+    return _table(rows)
+
+
+def _above_zero(c: dict) -> bool:
+    return c["ci95"] is not None and c["ci95"][0] > 0
+
+
 def goals(res: dict) -> list:
-    """The signature goals (xDr.GRPO tau = 0.05 vs Dr.GRPO), where both arms ran and the effects exist."""
-    e = (res["arms"].get("xdr_tau0.05") or {}).get("effect_vs_drgrpo")
-    if not e:
-        return []
-    cov, p8, m8 = e["coverage_at_8"], e["pass_at_8"], e["mean_at_8"]
-    return [(f"coverage@8 effect >= +{100 * GOALS['coverage_at_8']:.0f} points with CI95 above 0 "
-             f"(measured {_fmt_effect(e, 'coverage_at_8')})",
-             cov["estimate"] >= GOALS["coverage_at_8"] and cov["ci95"][0] > 0),
-            (f"pass@8 effect >= +{100 * GOALS['pass_at_8']:.0f} points with CI95 above 0 "
-             f"(measured {_fmt_effect(e, 'pass_at_8')})",
-             p8["estimate"] >= GOALS["pass_at_8"] and p8["ci95"][0] > 0),
-            (f"mean@8 within +-{100 * GOALS['mean_at_8_band']:.0f} points (measured {_fmt_effect(e, 'mean_at_8')})",
-             abs(m8["estimate"]) <= GOALS["mean_at_8_band"])]
+    """The study's goals, on the primary (run-level) analysis: xDr.GRPO tau = 0.05 against Dr.GRPO
+    with CI95 above 0 on coverage@8 and pass@8, mean@8 flat by TOST, and the gain surviving the
+    step-size control (xDr.GRPO against its class-mean control, CI95 above 0); only the
+    comparisons that ran."""
+    pr = res.get("primary") or {}
+    out = []
+    c = pr.get("xdr_tau0.05 - drgrpo")
+    if c:
+        for k, name in (("coverage_at_8", "coverage@8"), ("pass_at_8", "pass@8")):
+            out.append((f"xDr.GRPO - Dr.GRPO {name}: run-level CI95 above 0 (measured {_fmt_primary(c[k])} over "
+                        f"{c[k]['runs']} runs)", _above_zero(c[k])))
+        m8 = c["mean_at_8"]["tost"]
+        out.append((f"mean@8 flat: TOST 90% interval inside +-{100 * m8['margin']:.0f} points (measured "
+                    f"{_fmt_primary(c['mean_at_8'])})", m8["flat"]))
+    c = pr.get("xdr_tau0.05 - xdr_classmean_tau0.05")
+    if c:
+        out.append(("the gain survives the step-size control: xDr.GRPO - class-mean control, pass@8 and "
+                    f"coverage@8 run-level CI95 above 0 (measured {_fmt_primary(c['pass_at_8'])}; "
+                    f"{_fmt_primary(c['coverage_at_8'])})", _above_zero(c["pass_at_8"]) and
+                    _above_zero(c["coverage_at_8"])))
+    return out
 
 
 def plot(plt, res: dict):
     """Coverage@8, pass@8 and mean@8 against tau (intervals: Dr.GRPO's mean + the effect's CI95), and the
     training diagnostics against steps."""
-    fig, ax = plt.subplots(2, 3, figsize=(17, 8.5))
+    fig, ax = plt.subplots(3, 3, figsize=(17, 12.5))
     arms = res["arms"]
-    labels = [f"{t:g}" for t in SWEEP_TAUS] + ["inf\n(Dr.GRPO)", "SEED", "token\nentropy"]
+    labels = [f"{t:g}" for t in SWEEP_TAUS] + ["inf\n(Dr.GRPO)", "SEED", "token\nentropy", "0.05\nclass-mean"]
     pos = {**{f"xdr_tau{t:g}": i for i, t in enumerate(SWEEP_TAUS)}, "drgrpo": len(SWEEP_TAUS),
-           "seed_drgrpo": len(SWEEP_TAUS) + 1, "entropy_bonus": len(SWEEP_TAUS) + 2}
+           "seed_drgrpo": len(SWEEP_TAUS) + 1, "entropy_bonus": len(SWEEP_TAUS) + 2,
+           "xdr_classmean_tau0.05": len(SWEEP_TAUS) + 3}
     base = arms.get("drgrpo")
     for j, k in enumerate(("coverage_at_8", "pass_at_8", "mean_at_8")):
         a_ = ax[0, j]
@@ -266,6 +350,27 @@ def plot(plt, res: dict):
                               "token entropy (solid); distinct correct modes per group of G (dashed)")):
         a_.set(title=tt, xlabel="step")
         a_.legend(fontsize=6)
+    pr = res.get("primary") or {}
+    for j, k in enumerate(("pass_at_8", "coverage_at_8", "mean_at_8")):
+        a_ = ax[2, j]
+        a_.axhline(0, color="k", lw=0.8)
+        if k == "mean_at_8":
+            a_.axhspan(-100 * ST.TOST_MARGIN, 100 * ST.TOST_MARGIN, color="tab:green", alpha=0.1,
+                       label="TOST band")
+        for i, (name, c) in enumerate(pr.items()):
+            d = 100 * np.asarray(c[k]["per_run"])
+            jitter = (np.arange(d.size) % 7 - 3) * 0.03
+            a_.plot(i + jitter, d, ".", alpha=0.5)
+            if c[k]["ci95"] is not None:
+                a_.errorbar(i + 0.3, 100 * c[k]["estimate"], yerr=[[100 * (c[k]["estimate"] - c[k]["ci95"][0])],
+                                                                   [100 * (c[k]["ci95"][1] - c[k]["estimate"])]],
+                            fmt="s", color="k", capsize=4)
+        a_.set_xticks(range(len(pr)), [n.replace("xdr_classmean_tau0.05", "control").replace(" - ", "\n- ")
+                                       for n in pr], fontsize=7)
+        a_.set(title=f"paired run differences, eval {k.replace('_at_', '@')} (points); square: mean, t CI95",
+               ylabel="points")
+        if k == "mean_at_8":
+            a_.legend(fontsize=7)
     fig.suptitle("final checkpoints; bars: Dr.GRPO's mean + the arm's effect CI95 (filled: seed FE, prompt-clustered; "
                  "hollow, right: across training runs, t with S - 1 df); small dots: training seeds", fontsize=9)
     fig.tight_layout()
@@ -277,8 +382,10 @@ def main(argv: list[str] | None = None) -> int:
                                 description=__doc__.split("\n\n")[0])
     _common.add_common_args(p, "lm-countdown", quick_help="tiny model and task, a few steps (a smoke run)")
     g = p.add_argument_group("countdown options")
+    g.add_argument("--pool", choices=tuple(C.POOLS), default=None,
+                   help="the problem pool: paper (targets 1..36, none equal to a number; default) or full (1..99)")
     g.add_argument("--sweep", action="store_true",
-                   help=f"every arm ({', '.join(ARMS)}) instead of {' vs '.join(DEFAULT_ARMS)}")
+                   help=f"every arm ({', '.join(ARMS)}) instead of {', '.join(DEFAULT_ARMS)}")
     g.add_argument("--arms", type=_common.comma_list(ARMS), default=None, help="comma-separated arms")
     g.add_argument("--steps", type=_common.positive_int, default=None, help="RL steps (default 200)")
     g.add_argument("--train-seeds", type=_common.positive_int, default=None, help="training seeds (default 3)")
@@ -293,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     _common.require_extra("statsmodels", "stats", "demo lm --task countdown")
     cfg = QUICK if a.quick else CountdownConfig()
-    over = {"steps": a.steps, "train_seeds": a.train_seeds, "eval_seeds": a.eval_seeds, "prompts": a.prompts,
+    over = {"pool": a.pool, "steps": a.steps, "train_seeds": a.train_seeds, "eval_seeds": a.eval_seeds, "prompts": a.prompts,
             "generations": a.generations, "lr": a.lr, "sft_steps": a.sft_steps, "entropy_coef": a.entropy_coef}
     over = {k: v for k, v in over.items() if v is not None}
     if a.sweep:
@@ -316,6 +423,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"warm-start policy (train split): success (mean@8) {b['train']['mean_at_8']:.3f}, pass@8 "
           f"{b['train']['pass_at_8']:.3f}, coverage@8 {b['train']['coverage_at_8']:.3f}; eval split: mean@8 "
           f"{b['eval']['mean_at_8']:.3f}, coverage@8 {b['eval']['coverage_at_8']:.3f}")
+    pt = primary_table(res)
+    if pt:
+        print("primary analysis (the training run as the unit; effects in points):")
+        print(pt)
+    print("per arm (means over runs) and the paper's prompt-clustered regression (secondary):")
     print(summary_table(res))
     rt = runs_table(res)
     if rt:

@@ -12,7 +12,12 @@ set by the arm's array leaves (:class:`ArmParams`), so arms and seeds share one 
   gives its loss bit for bit;
 * ``seed_drgrpo``: the advantages scaled by :func:`jaxweight.maxent.seed_grpo_scale` of the
   group's semantic entropy over canonical answer forms;
-* ``entropy_bonus``: minus ``entropy_coef`` x the policy's mean token entropy added to the loss.
+* ``entropy_bonus``: minus ``entropy_coef`` x the policy's mean token entropy added to the loss;
+* ``xdr_classmean_tau0.05`` (the step-size control): xDr.GRPO's weights at tau = 0.05 averaged
+  within each group's reward class (:func:`class_mean_weights`): the same total weight on the
+  group's correct and on its wrong completions as xDr.GRPO's, so the same update magnitude, but
+  spread uniformly over each class instead of concentrated on some of its members (identical to
+  xDr.GRPO in a group with one correct completion).
 
 The reward is correctness only (:func:`._countdown.device_verify`); mode ids are computed for
 the diagnostics and the evaluation, never rewarded.
@@ -36,18 +41,21 @@ from . import _countdown as C
 from ._lm_model import TinyLM, sample, sequence_logp_entropy
 from ._lm_pipeline import sft_program
 
-__all__ = ["ARM_SETTINGS", "ARMS", "DEFAULT_ARMS", "SWEEP_TAUS", "METRICS", "CountdownConfig", "QUICK",
+__all__ = ["ARM_SETTINGS", "ARMS", "DEFAULT_ARMS", "CONTROL_ARMS", "SWEEP_TAUS", "class_mean_weights", "METRICS", "CountdownConfig", "QUICK",
            "ArmParams", "arm_params", "CountdownTask", "make_task", "warm_start", "eval_metrics", "Pipeline",
            "make_pipeline"]
 
 SWEEP_TAUS = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0)
-# arm -> (xDr weights on, tau, SEED scale on, token-entropy bonus on)
-ARM_SETTINGS = {"drgrpo": (False, 0.0, False, False),
-                **{f"xdr_tau{t:g}": (True, t, False, False) for t in SWEEP_TAUS},
-                "seed_drgrpo": (False, 0.0, True, False),
-                "entropy_bonus": (False, 0.0, False, True)}
+# arm -> (xDr weights on, tau, SEED scale on, token-entropy bonus on, xDr weights averaged per reward class)
+ARM_SETTINGS = {"drgrpo": (False, 0.0, False, False, False),
+                **{f"xdr_tau{t:g}": (True, t, False, False, False) for t in SWEEP_TAUS},
+                "seed_drgrpo": (False, 0.0, True, False, False),
+                "entropy_bonus": (False, 0.0, False, True, False),
+                "xdr_classmean_tau0.05": (True, 0.05, False, False, True)}
 ARMS = tuple(ARM_SETTINGS)
-DEFAULT_ARMS = ("drgrpo", "xdr_tau0.05")
+# the study: the baseline, xDr.GRPO at the paper's tau and its step-size control
+DEFAULT_ARMS = ("drgrpo", "xdr_tau0.05", "xdr_classmean_tau0.05")
+CONTROL_ARMS = {"xdr_tau0.05": "xdr_classmean_tau0.05"}
 METRICS = ("pass_at_1", "pass_at_8", "mean_at_8", "distinct_at_8", "coverage_at_8")
 
 
@@ -55,7 +63,9 @@ METRICS = ("pass_at_1", "pass_at_8", "mean_at_8", "distinct_at_8", "coverage_at_
 class CountdownConfig:
     """Settings of the countdown run (static; the defaults are the documented run)."""
 
-    # task (ModeBench Countdown: 384 train / 128 eval prompts with 2-8 modes)
+    # task (ModeBench Countdown: 384 train / 128 eval prompts with 2-8 modes from the pool
+    # C.POOLS[pool]: "paper", its generator's filters, or "full", targets up to 99)
+    pool: str = "paper"
     n_train: int = C.N_TRAIN
     n_eval: int = C.N_EVAL
     split_seed: int = 0
@@ -99,6 +109,8 @@ class CountdownConfig:
         for f in ("entropy_coef", "seed_alpha"):
             if not getattr(self, f) >= 0:
                 raise ValueError(f"{f} must be >= 0, got {getattr(self, f)}")
+        if self.pool not in C.POOLS:
+            raise ValueError(f"pool must be one of {list(C.POOLS)}, got {self.pool!r}")
         bad = [a for a in self.arms if a not in ARMS]
         if bad or not self.arms or len(set(self.arms)) != len(self.arms):
             raise ValueError(f"arms must be distinct names from {list(ARMS)}, got {list(self.arms)}")
@@ -111,7 +123,7 @@ class CountdownConfig:
 
 
 QUICK = CountdownConfig(n_train=48, n_eval=16, sft_steps=20, sft_batch=32, d_model=32, n_layers=1, n_heads=2,
-                        d_ff=64, steps=4, prompts=4, generations=4, arms=("drgrpo", "xdr_tau0.05"),
+                        d_ff=64, steps=4, prompts=4, generations=4, arms=DEFAULT_ARMS,
                         train_seeds=2, eval_seeds=2, eval_samples=8, chunk=2)
 
 
@@ -122,12 +134,14 @@ class ArmParams:
     Attributes:
       xdr: bool[] xDr.GRPO aggregation weights on; tau: f32[] their temperature.
       seed: bool[] SEED-GRPO advantage scale on; entropy_coef: f32[] token-entropy bonus (0: off).
+      classmean: bool[] the xDr weights averaged within each reward class (the step-size control).
     """
 
     xdr: jax.Array
     tau: jax.Array
     seed: jax.Array
     entropy_coef: jax.Array
+    classmean: jax.Array
 
 
 def arm_params(cfg: CountdownConfig) -> ArmParams:
@@ -135,7 +149,19 @@ def arm_params(cfg: CountdownConfig) -> ArmParams:
     s = np.array([ARM_SETTINGS[a] for a in cfg.arms for _ in range(cfg.train_seeds)], dtype=object)
     return ArmParams(xdr=jnp.asarray(s[:, 0].astype(bool)), tau=jnp.asarray(s[:, 1].astype(np.float32)),
                      seed=jnp.asarray(s[:, 2].astype(bool)),
-                     entropy_coef=jnp.asarray(np.where(s[:, 3].astype(bool), cfg.entropy_coef, 0.0), jnp.float32))
+                     entropy_coef=jnp.asarray(np.where(s[:, 3].astype(bool), cfg.entropy_coef, 0.0), jnp.float32),
+                     classmean=jnp.asarray(s[:, 4].astype(bool)))
+
+
+def class_mean_weights(weights: jax.Array, reward: jax.Array) -> jax.Array:
+    """Each weight replaced by the mean weight of its group's completions with the same reward.
+
+    Keeps every reward class's total weight (the update's magnitude on correct and on wrong
+    completions) and removes the concentration inside a class. ``weights, reward: f32[B, G]``.
+    (A G x G comparison per group: optax and jax offer no segment mean over a row's classes.)
+    """
+    same = (reward[:, :, None] == reward[:, None, :]).astype(weights.dtype)        # [B, G, G]
+    return jnp.einsum("bij,bj->bi", same, weights) / jnp.sum(same, -1)
 
 
 # ======================================================================= task
@@ -150,8 +176,10 @@ class CountdownTask:
 
 
 def make_task(cfg: CountdownConfig) -> CountdownTask:
-    train, ev = C.make_splits(cfg.split_seed, cfg.n_train, cfg.n_eval)
-    return CountdownTask(train, ev, C.candidates(min_modes=1, max_modes=1))
+    """The splits from ``C.POOLS[cfg.pool]`` and the warm start's single-mode problems of the same pool."""
+    pool = C.POOLS[cfg.pool]
+    train, ev = C.make_splits(cfg.split_seed, cfg.n_train, cfg.n_eval, **pool)
+    return CountdownTask(train, ev, C.candidates(min_modes=1, max_modes=1, **pool))
 
 
 def _model(cfg: CountdownConfig) -> TinyLM:
@@ -224,7 +252,8 @@ class Pipeline:
     fns: Any
 
     def init(self, params_per_seed, key) -> RunState:
-        """Every run starts from its training seed's warm-start model (params [S, ...])."""
+        """Every run starts from its training seed's warm-start model (params [S, ...]) and key:
+        the arms of one training seed share the warm start and the sampling keys (paired runs)."""
         return self.fns.init(self.per_run(params_per_seed), key)
 
     def chunk(self, state: RunState, n: int, arms: ArmParams | None = None, data: dict | None = None
@@ -280,7 +309,7 @@ def _functions(cfg: CountdownConfig):
 
     def init(params, key) -> RunState:
         return jax.vmap(lambda p, k: RunState(params=p, opt=opt.init(p), key=k))(
-            params, jax.random.split(key, cfg.runs))
+            params, jax.random.split(key, cfg.train_seeds)[seed_of])
 
     def step_one(rs: RunState, arm: ArmParams, data):
         k_p, k_s, k_next = jax.random.split(rs.key, 3)
@@ -292,7 +321,9 @@ def _functions(cfg: CountdownConfig):
         ntok = jnp.sum(s.mask, -1).reshape(b, g).astype(jnp.float32)
         adv = reward - jnp.mean(reward, -1, keepdims=True)                          # Dr.GRPO: no std
         utility = adv * ntok / L                                                    # U = A T / T_max
-        w = jnp.where(arm.xdr, M.candidate_weights(utility, tau=arm.tau), 1.0)     # uniform = Dr.GRPO
+        w_x = M.candidate_weights(utility, tau=arm.tau)
+        w_x = jnp.where(arm.classmean, class_mean_weights(w_x, reward), w_x)
+        w = jnp.where(arm.xdr, w_x, 1.0)                                            # uniform = Dr.GRPO
         seq_lp = jnp.sum(s.logp, -1).reshape(b, g)
         cluster = C.device_cluster_ids(code)
         scale = jnp.where(arm.seed, M.seed_grpo_scale(M.semantic_entropy(cluster, seq_lp), cfg.seed_alpha, g), 1.0)

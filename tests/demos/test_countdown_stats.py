@@ -104,16 +104,16 @@ def test_effect_across_runs_edge_cases():
         ST.effect_across_runs(arm[0], base[0])
 
 
-def test_runs_table_shows_the_across_runs_effects_in_points():
+def test_runs_table_shows_the_run_clustered_regression_in_points():
     from jaxweight.demos import _countdown_demo as D
 
     arm, base = _data(np.random.default_rng(5), s=4)
-    e = {k: ST.effect_across_runs(arm, base) for k in ("pass_at_8", "coverage_at_8", "mean_at_8")}
-    table = D.runs_table({"arms": {"drgrpo": {"effect_vs_drgrpo_across_runs": None},
-                                   "xdr_tau0.05": {"effect_vs_drgrpo_across_runs": e}}})
+    e = {k: ST.effect_run_clustered(arm, base) for k in ("pass_at_8", "coverage_at_8", "mean_at_8")}
+    table = D.runs_table({"arms": {"drgrpo": {"effect_vs_drgrpo_run_clustered": None},
+                                   "xdr_tau0.05": {"effect_vs_drgrpo_run_clustered": e}}})
     lines = table.splitlines()
     assert len(lines) == 3 and lines[2].startswith("xdr_tau0.05")
     lo, hi = (100 * x for x in e["pass_at_8"]["ci95"])
     assert f"{100 * e['pass_at_8']['estimate']:+.1f} [{lo:+.1f}, {hi:+.1f}]" in lines[2]
     assert lines[2].split()[-1] == "4"
-    assert D.runs_table({"arms": {"drgrpo": {"effect_vs_drgrpo_across_runs": None}}}) == ""
+    assert D.runs_table({"arms": {"drgrpo": {"effect_vs_drgrpo_run_clustered": None}}}) == ""
