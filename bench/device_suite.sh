@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The device suite on a GPU machine without network, in one call (about 8 minutes on one H200):
+# The device suite on a GPU machine without network, in one call (about 8 minutes on one H200, then
+# 2-3 for the Countdown study; the JSON is rewritten after each part):
 #   bash bench/device_suite.sh            (writes device-suite-gpu.json and .png under $OUT, else ./device-suite-out)
 # Wheels the machine lacks travel in .whl/ (bench/device_wheels.sh fetches them beforehand); they are
 # installed into /tmp/site, never over the machine's own packages. A part that fails still leaves the

@@ -80,9 +80,9 @@ def run(cfg: CountdownConfig | None = None, *, quick: bool = False, seed: int = 
         ref, sft_losses = warm_start(cfg, task, jax.random.split(k_sft, cfg.train_seeds))
         jax.block_until_ready(ref)
     with timer.section("eval"):
-        # the warm-start model of each training seed (tiled to the runs: one compiled evaluation)
-        base = {sp: {k: v[:cfg.train_seeds] for k, v in pipe.evaluate(pipe.per_run(ref), k_eval, sp).items()}
-                for sp in ("train", "eval")}
+        # the warm-start model of each training seed, once (not tiled to the runs: with 3 arms that
+        # tripled this evaluation, which costs more than compiling it for [S] models)
+        base = {sp: pipe.evaluate(ref, k_eval, sp) for sp in ("train", "eval")}
     if progress:
         progress(f"warm start ({timer['warm_start']:.0f} s): base policy on the train split " + ", ".join(
             f"{k} {v:.3f}" for k, v in _means(base["train"]).items()))

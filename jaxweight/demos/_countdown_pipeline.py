@@ -277,7 +277,7 @@ class Pipeline:
         ``eval_samples`` draws at temperature 1; the E evaluation keys are the same for every
         run), and the sampled token entropy ``f32[R, E]``. ``split="train"`` evaluates the train
         problems in blocks of ``n_eval`` (the same compiled program; a last partial block is
-        left out), e.g. the warm-start models (tile them to ``[R]`` with :meth:`per_run`).
+        left out); any leading size works (e.g. the [S] warm-start models; one compilation per size).
         """
         if split == "eval":
             return jax.device_get(self.fns.evaluate(params, key, self.eval))

@@ -18,8 +18,9 @@ from jaxweight.demos import _countdown_demo as D
 from jaxweight.demos import _countdown_pipeline as P
 from jaxweight.demos import lm
 
-TINY = dataclasses.replace(P.QUICK, n_train=16, n_eval=8, sft_steps=2, sft_batch=8, d_model=16, d_ff=32, prompts=2,
-                           generations=4, train_seeds=1, eval_seeds=2, eval_samples=8, steps=2, chunk=2)
+TINY = dataclasses.replace(P.QUICK, arms=("drgrpo", "xdr_tau0.05"), n_train=16, n_eval=8, sft_steps=2, sft_batch=8,
+                           d_model=16, d_ff=32, prompts=2, generations=4, train_seeds=1, eval_seeds=2, eval_samples=8,
+                           steps=2, chunk=2)
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,52 @@ def test_arms_are_array_leaves_of_one_program():
     np.testing.assert_allclose(np.asarray(a.entropy_coef), np.where(names == "entropy_bonus", TINY.entropy_coef, 0))
     with pytest.raises(ValueError, match="arms"):
         dataclasses.replace(TINY, arms=("drgrpo", "nope"))
+
+
+def test_class_mean_weights_keep_class_totals_and_spread_them_uniformly():
+    w = jnp.asarray([[0.5, 0.3, 0.15, 0.05], [0.9, 0.05, 0.03, 0.02], [0.25, 0.25, 0.25, 0.25]])
+    r = jnp.asarray([[1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    c = np.asarray(P.class_mean_weights(w, r))
+    np.testing.assert_allclose(c[0], [0.4, 0.4, 0.1, 0.1], rtol=1e-6)
+    np.testing.assert_allclose(c[1], [0.9, 0.1 / 3, 0.1 / 3, 0.1 / 3], rtol=1e-6)   # a lone correct one keeps its weight
+    np.testing.assert_allclose(c[2], 0.25, rtol=1e-6)
+    for i in range(3):                                                  # each class keeps its total weight
+        for v in (0.0, 1.0):
+            np.testing.assert_allclose(c[i][np.asarray(r[i]) == v].sum(), np.asarray(w[i])[np.asarray(r[i]) == v].sum(),
+                                       rtol=1e-6, atol=1e-7)
+    a = P.arm_params(dataclasses.replace(TINY, arms=P.DEFAULT_ARMS, train_seeds=2))
+    np.testing.assert_array_equal(np.asarray(a.classmean), [False, False, False, False, True, True])
+    np.testing.assert_allclose(np.asarray(a.tau)[4:], 0.05)
+
+
+def test_arms_of_a_training_seed_share_the_sampling_keys(tiny):
+    """Paired runs: run (arm i, seed s) and (arm j, seed s) start from the same warm start and key."""
+    task, _, params = tiny
+    cfg = dataclasses.replace(TINY, arms=P.DEFAULT_ARMS, train_seeds=2)
+    pipe = P.make_pipeline(cfg, task)
+    state = pipe.init(jax.tree.map(lambda x: jnp.concatenate([x, x + 1.0]), params), jax.random.key(0))
+    keys = np.asarray(jax.random.key_data(state.key))
+    s = cfg.train_seeds
+    for arm in range(1, len(cfg.arms)):
+        np.testing.assert_array_equal(keys[arm * s:(arm + 1) * s], keys[:s])
+    assert not np.array_equal(keys[0], keys[1])
+    leaf = jax.tree.leaves(state.params)[0]
+    np.testing.assert_array_equal(np.asarray(leaf[2]), np.asarray(leaf[0]))
+    assert not np.array_equal(np.asarray(leaf[1]), np.asarray(leaf[0]))
+
+
+def test_paper_pool_is_the_default_and_full_stays_an_option():
+    paper = C.candidates()
+    assert len(paper) == 787 and paper.target.max() <= 36
+    assert not np.any(paper.numbers == paper.target[:, None])
+    full = C.candidates(**C.POOLS["full"])
+    assert len(full) == 1015 and set(paper.keys) < set(full.keys)
+    task = P.make_task(dataclasses.replace(TINY, pool="paper"))
+    assert set(task.train.keys) <= set(paper.keys) and (task.sft.n_modes == 1).all() and task.sft.target.max() <= 36
+    with pytest.raises(ValueError, match="pool"):
+        dataclasses.replace(TINY, pool="nope")
+    with pytest.raises(ValueError, match="number_targets"):
+        C.candidates(number_targets="yes")
 
 
 @pytest.mark.slow
@@ -93,6 +140,17 @@ def test_xdr_weights_move_the_update_where_rewards_differ(tiny):
     inf = np.asarray(m["informative_groups"]) > 0
     assert np.all(np.asarray(m["incorrect_mass"])[:, 1][inf[:, 1]] < 0.05)
     assert np.all(np.asarray(m["incorrect_mass"])[:, 0][inf[:, 0]] > 0.05)
+
+
+@pytest.mark.slow
+def test_evaluating_the_warm_starts_once_equals_their_tiled_rows(tiny):
+    """The evaluation keys are the same for every run: the [S] warm-start models evaluated alone give
+    the rows of the runs they start."""
+    _, pipe, params = tiny
+    alone, tiled = pipe.evaluate(params, jax.random.key(5)), pipe.evaluate(pipe.per_run(params), jax.random.key(5))
+    for k in P.METRICS:
+        np.testing.assert_array_equal(alone[k], tiled[k][: TINY.train_seeds])
+        np.testing.assert_array_equal(tiled[k][0], tiled[k][TINY.train_seeds])
 
 
 @pytest.mark.slow
