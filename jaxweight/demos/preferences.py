@@ -648,12 +648,13 @@ def _flush() -> None:
 
 
 def human_teacher(s: Settings, log_path: str | os.PathLike, *, port: int = 0, progress: bool = True,
-                  log: Any = print, num_rounds: int | None = None) -> Any:
+                  log: Any = print, num_rounds: int | None = None, idle: str = "equal") -> Any:
     """The :class:`~jaxweight.label.HumanTeacher` of a run (not started): its label log, the env's clips.
 
     ``progress``: a tqdm bar of labelled/requested pairs per round (else a line when a round opens and one when
     it is done). The URL line goes to ``log`` (flushed). The page's token and port are kept beside the label
-    log (``keep_address``): a resumed run serves the same URL, so an open tab goes on.
+    log (``keep_address``): a resumed run serves the same URL, so an open tab goes on. ``idle``: what pairs with
+    nothing to judge get (:data:`jaxweight.label.board.IDLE_RULES`: answered ``"equal"``, ``"skip"``-ped or ``"ask"``-ed).
     """
     from jaxweight.label import HumanTeacher, tqdm_progress
 
@@ -661,7 +662,7 @@ def human_teacher(s: Settings, log_path: str | os.PathLike, *, port: int = 0, pr
         log(line)
         _flush()
 
-    return HumanTeacher(log_path, s.env, port=port, announce=announce, keep_address=True,
+    return HumanTeacher(log_path, s.env, port=port, announce=announce, keep_address=True, idle=idle,
                         progress=tqdm_progress("labels") if progress else _label_lines(log, num_rounds))
 
 
@@ -681,7 +682,8 @@ def _compile_guess(results: Path) -> float:
 def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, out: str | os.PathLike | None = None,
         resume: bool = False, progress: bool = True, baseline: bool | None = None, seed: int = 0, *,
         tensorboard: str | os.PathLike | None = None, resume_override: bool = False,
-        log: Any = print, teacher: str = "synthetic", port: int = 0, agent: str = "ppo", **overrides: Any) -> dict:
+        log: Any = print, teacher: str = "synthetic", port: int = 0, agent: str = "ppo", idle: str = "equal",
+        **overrides: Any) -> dict:
     """Run the demo; returns the results dict (also written to ``out/<env>[_quick].json`` with a PNG plot).
 
     Args:
@@ -701,6 +703,8 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
       teacher: ``"synthetic"`` or ``"human"`` (a person on the labelling page;
         needs ``out`` for the label log ``out/checkpoints/<tag>/labels.jsonl``).
       port: the labelling page's port with ``teacher="human"`` (0: any free one).
+      idle: with ``teacher="human"``, what pairs with nothing to judge get (both fragments fallen for every
+        step, or identical): ``"equal"`` (the noiseless teacher's tie), ``"skip"`` or ``"ask"``.
       agent: ``"ppo"`` or ``"sac"`` (see :func:`settings`).
       **overrides: settings fields (see :func:`settings`).
 
@@ -740,7 +744,8 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
             from jaxweight.label.address import address_path
 
             address_path(labels).unlink(missing_ok=True)  # a new token: an old tab says the server restarted
-        labeller = human_teacher(s, labels, port=port, progress=progress, log=log, num_rounds=plan.num_rounds)
+        labeller = human_teacher(s, labels, port=port, progress=progress, log=log, num_rounds=plan.num_rounds,
+                                 idle=idle)
         labeller.set_plan(plan.schedule)
         given = len(labeller.log.records)
         log(f"[preferences] labels are saved to {labels}" + (f" ({given} lines given before)" if given else ""))
@@ -904,6 +909,9 @@ def parser() -> argparse.ArgumentParser:
                          "300 comparisons: 30, then 26 down to 13 a round; quick: 80)")
     ap.add_argument("--port", type=C.int_range(0, 65535), default=None, metavar="P",
                     help="with --teacher human: the labelling page's port on 127.0.0.1 (default: a free one)")
+    ap.add_argument("--idle", choices=("equal", "skip", "ask"), default=None,
+                    help="with --teacher human: pairs with nothing to judge (both clips fallen for every step, or "
+                         "identical) are answered equal without asking (default), skipped, or asked")
     ap.add_argument("--seeds", type=C.positive_int, default=None,
                     help="seeds run at once with jax.vmap (default 4, quick 2; --teacher human: 1)")
     ap.add_argument("--rounds", type=C.positive_int, default=None, metavar="K",
@@ -940,6 +948,8 @@ def main(argv: list[str] | None = None) -> int:
     C.require_extra("gymnax", "rl", "the preferences demo")
     if args.port is not None and args.teacher != "human":
         return _fail("--port is the labelling page's: it needs --teacher human")
+    if args.idle is not None and args.teacher != "human":
+        return _fail("--idle is the labelling page's: it needs --teacher human")
     if args.teacher == "human":
         if args.seeds is not None and args.seeds > 1:
             return _fail(f"a person labels one run: --teacher human takes one seed, got --seeds {args.seeds}")
@@ -953,7 +963,7 @@ def main(argv: list[str] | None = None) -> int:
         res = run(args.env, quick=args.quick, seeds=args.seeds, out=args.out, resume=args.resume,
                   progress=not args.no_progress, baseline=args.baseline, seed=args.seed,
                   tensorboard=args.tensorboard, resume_override=args.resume_override, teacher=args.teacher,
-                  port=args.port or 0, agent=args.agent, **overrides)
+                  port=args.port or 0, agent=args.agent, idle=args.idle or "equal", **overrides)
     except StateFileError as e:  # a damaged or foreign checkpoint or label log
         return _fail(str(e).splitlines()[0])
     except EnvIdError as e:  # named as argparse names a bad value: "argument --env: ..."

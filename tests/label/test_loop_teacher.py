@@ -314,6 +314,7 @@ def test_demo_refuses_a_human_run_it_cannot_do_in_one_line(loops, monkeypatch, c
 
     fails(["--teacher", "human", "--seeds", "2"], "a person labels one run: --teacher human takes one seed")
     fails(["--port", "8123"], "--port is the labelling page's: it needs --teacher human")
+    fails(["--idle", "ask"], "--idle is the labelling page's: it needs --teacher human")
     real = C.missing_modules
     monkeypatch.setattr(C, "missing_modules", lambda mods: ["starlette", "uvicorn"] if "starlette" in mods
                         else real(mods))
@@ -342,8 +343,9 @@ def _digest_person(api: Api, stop: threading.Event, said: list, *, until: tuple[
 class _DemoRun:
     """``python -m jaxweight demo preferences --teacher human`` in a subprocess, tiny, with a scripted person."""
 
+    # --idle ask: this tiny run's untrained agent is fallen in most fragments; the rule would leave few pairs to ask
     ARGS = ["--teacher", "human", "--rounds", "2", "--comparisons", "14", "--timesteps", "1024",
-            "--fragment-length", "5", "--no-baseline", "--no-progress", "--seed", "3"]
+            "--fragment-length", "5", "--no-baseline", "--no-progress", "--seed", "3", "--idle", "ask"]
 
     def __init__(self, out: Path, *extra: str):
         env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device, as a user runs it
