@@ -118,6 +118,7 @@ def browser_person(url: str, look_s: float, double_every: int, undo_at: int, dea
     answers: list[dict] = []
     doubles = undos = 0
     finished_text = None
+    shot_taken = False
     try:
         drv.get(url)
         last_key = None
@@ -141,12 +142,15 @@ def browser_person(url: str, look_s: float, double_every: int, undo_at: int, dea
                 continue
             choice, live = judge(base, token, state)
             n = len(answers)
-            # the docs' picture: a real pair, one clip up to the end and one that fell (frozen, dimmed) mid-way
-            if screenshot and (n >= 3 and max(live) >= 16 and 3 <= min(live) <= 11 or n >= 25 and max(live) > 0):
+            # the docs' picture: a real pair, best one clip live long and one that fell (frozen, dimmed) mid-way;
+            # until such a pair comes, the first pair with a live clip
+            good = max(live) >= 16 and 3 <= min(live) <= 11
+            if screenshot and (good or not shot_taken and max(live) > 0):
                 time.sleep(max(0.0, 1.7 - (time.monotonic() - shown_at)))
                 drv.save_screenshot(screenshot)
                 print("  screenshot", screenshot, "of pair", last_key, "live steps", live, flush=True)
-                screenshot = None
+                shot_taken = True
+                screenshot = None if good else screenshot
             time.sleep(max(0.0, look_s - (time.monotonic() - shown_at)))     # a person's look
             act = ActionChains(drv)
             if n == undo_at:  # a slip, taken back with u and answered again after a new look

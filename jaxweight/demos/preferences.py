@@ -703,8 +703,8 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
       teacher: ``"synthetic"`` or ``"human"`` (a person on the labelling page;
         needs ``out`` for the label log ``out/checkpoints/<tag>/labels.jsonl``).
       port: the labelling page's port with ``teacher="human"`` (0: any free one).
-      idle: with ``teacher="human"``, what pairs with nothing to judge get (both fragments fallen for every
-        step, or identical): ``"equal"`` (the noiseless teacher's tie), ``"skip"`` or ``"ask"``.
+      idle: with ``teacher="human"``, what pairs with nothing to judge get (both clips up for as many steps,
+        e.g. both fallen all along, or identical): ``"equal"`` (the noiseless teacher's tie), ``"skip"`` or ``"ask"``.
       agent: ``"ppo"`` or ``"sac"`` (see :func:`settings`).
       **overrides: settings fields (see :func:`settings`).
 
@@ -910,8 +910,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--port", type=C.int_range(0, 65535), default=None, metavar="P",
                     help="with --teacher human: the labelling page's port on 127.0.0.1 (default: a free one)")
     ap.add_argument("--idle", choices=("equal", "skip", "ask"), default=None,
-                    help="with --teacher human: pairs with nothing to judge (both clips fallen for every step, or "
-                         "identical) are answered equal without asking (default), skipped, or asked")
+                    help="with --teacher human: pairs with nothing to judge (both clips up for as many steps, e.g. "
+                         "both fallen all along, or identical) are answered equal without asking (default), "
+                         "skipped, or asked")
     ap.add_argument("--seeds", type=C.positive_int, default=None,
                     help="seeds run at once with jax.vmap (default 4, quick 2; --teacher human: 1)")
     ap.add_argument("--rounds", type=C.positive_int, default=None, metavar="K",

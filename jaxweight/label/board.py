@@ -5,9 +5,10 @@ share (no web code here). :meth:`~LabelBoard.publish` opens a round with its
 observations ``f32[P, 2, T, D]`` (and the reward model's predicted
 probabilities ``f32[P]`` that the left fragment is preferred); labels of that
 round already in the log, given for the same observations, count as answered.
-Pairs with nothing to judge are not asked (:meth:`~LabelBoard.publish` says
-which: both fragments fallen for every step, or the two identical); they are
-answered by a rule, ``"equal"`` by default.
+Pairs with nothing to judge are not asked (:func:`idle_pairs` says which:
+the two clips have as many live steps, e.g. both fallen all along or both up
+all along, so the noiseless synthetic teacher calls them equal; or the two
+fragments are identical); they are answered by a rule, ``"equal"`` by default.
 :meth:`~LabelBoard.submit` checks an answer, appends it to the
 :class:`~jaxweight.label.LabelLog` (durable) and only then records it;
 :meth:`~LabelBoard.undo` takes the round's last answer back (a new log line);
@@ -25,10 +26,11 @@ Example::
     from jaxweight.label.render import get_renderer
     log = LabelLog(pathlib.Path(tempfile.mkdtemp()) / "labels.jsonl")
     board = LabelBoard(log, get_renderer("cartpole"))
-    obs = np.zeros((3, 2, 5, 4), np.float32)
-    obs[0, 0, :, 0] = 0.5                     # pairs 0 and 1: the carts stand at different places
-    obs[1, 1, :, 0] = -0.5
-    obs[2, :, :, 2] = 1.0                     # pair 2: both poles down for every step: not asked
+    obs = np.zeros((3, 2, 5, 4), np.float32)  # 3 pairs of 4-step CartPole fragments, all upright ...
+    obs[0, 1, 2:, 2] = 1.0                    # ... but in pair 0 the right pole falls at step 2,
+    obs[1, 0, 3:, 2] = 1.0                    # in pair 1 the left one at step 3,
+    obs[2, :, :, 2] = 1.0                     # and in pair 2 both were down all along: nothing to judge
+    obs[2, 0, :, 0] = 1.0
     board.publish(0, obs, np.array([0.9, 0.2, 0.5], np.float32))
     board.submit(0, 0, "left")
     board.submit(0, 1, "skip")
@@ -58,7 +60,7 @@ __all__ = ["LabelBoard", "LabelError", "check_round_inputs", "idle_pairs", "IDLE
 logger = logging.getLogger("jaxweight.label")
 
 #: what a pair with nothing to judge gets: answered equal (the noiseless synthetic teacher's
-#: answer when both returns are 0), skipped (left out of training), or asked like any other
+#: answer, as both returns are the same), skipped (left out of training), or asked like any other
 IDLE_RULES = ("equal", "skip", "ask")
 #: what the run is doing, as the page shows it (``labelling``: a round is open)
 PHASES = ("preparing", "labelling", "training", "evaluating", "finished", "stopped")
@@ -102,19 +104,22 @@ def check_round_inputs(round_index: Any, obs: Any, predicted: Any, obs_dim: int 
 def idle_pairs(renderer: Renderer, obs: Any) -> np.ndarray:
     """``bool[P]``: the pairs of ``obs f32[P, 2, T, D]`` with nothing for a person to judge.
 
-    A pair is idle when neither fragment has a live frame after its first (both
-    were fallen, or absorbed, for every step: both returns are 0 and the
-    noiseless synthetic teacher calls them equal), or when its two fragments
-    are the same observations. Renderers without ``live`` count every frame as live.
+    With a renderer that says which frames are live (``Renderer.live``; for
+    CartPole the steps it pays 1 for), a pair is idle when its two fragments
+    have as many live steps after their first frame: both fallen (or absorbed)
+    for every step, both up for every step, or both up for the same number of
+    steps. Their returns are equal, so the noiseless synthetic teacher calls them
+    equal, and the goal the page states tells them apart no better. A pair whose
+    two fragments are the same observations is idle for every renderer.
     """
     a = np.asarray(obs, np.float32)
     same = np.all((a[:, 0] == a[:, 1]).reshape(a.shape[0], -1), axis=1)
     if renderer.live is None:
         return same
     steps = slice(1, None) if a.shape[2] > 1 else slice(None)
-    live = np.array([[np.asarray(renderer.live(a[p, s]), bool)[steps].any() for s in (0, 1)]
+    live = np.array([[int(np.asarray(renderer.live(a[p, s]), bool)[steps].sum()) for s in (0, 1)]
                      for p in range(a.shape[0])])  # per fragment: a renderer's live() takes one fragment
-    return same | ~live.any(axis=1)
+    return same | (live[:, 0] == live[:, 1])
 
 
 @dataclasses.dataclass

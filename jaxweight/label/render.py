@@ -88,9 +88,9 @@ class Renderer:
         (shown above the clips).
       live: ``live(obs f32[T, D]) -> bool[T]``, the frames where the subject is
         in play (CartPole: cart in bounds and pole within 12 degrees, the frames
-        that earn reward), or None: every frame. A pair with no live frame after
-        the first in either fragment has nothing to judge (see
-        :meth:`~jaxweight.label.LabelBoard.publish`).
+        that earn reward), or None: every frame. A pair whose two fragments have
+        as many live frames after the first has nothing to judge (see
+        :func:`~jaxweight.label.board.idle_pairs`).
       subject_rgb: the colours the subject is drawn in (live and dimmed): a clip
         shows its subject when every frame has a pixel of one of them (the
         page's tests check this for every clip of a round).

@@ -14,10 +14,11 @@ the random token of the URL that :meth:`HumanTeacher.start` returns; with
 (:mod:`~jaxweight.label.address`), so a restarted run serves the same URL and
 an open tab goes on.
 
-Pairs with nothing to judge (both fragments fallen or absorbed for every
-step, or the two identical: :func:`~jaxweight.label.board.idle_pairs`) are
-not shown: they are answered ``"equal"`` (``idle=``; what the noiseless
-synthetic teacher answers, both returns being 0), counted in
+Pairs with nothing to judge (the two clips have as many live steps, e.g. both
+fallen all along or both up all along, or the two are identical:
+:func:`~jaxweight.label.board.idle_pairs`) are not shown: they are answered
+``"equal"`` (``idle=``; what the noiseless synthetic teacher answers, both
+returns being the same), counted in
 :attr:`HumanTeacher.rounds` and announced. The page ignores keys and clicks
 for ``min_look_ms`` after a pair appears, and the round's last answer can be
 undone for ``undo_s`` seconds after the round's last pair is answered (then
@@ -223,7 +224,8 @@ class HumanTeacher:
             self.rounds[int(round_index)] = stats
             if stats["by_rule"] and self.announce is not None:
                 self.announce(f"[label] round {int(round_index) + 1}: {stats['by_rule']} of {stats['pairs']} pairs "
-                              f"have nothing to judge (both fragments fallen for every step): answered "
+                              f"have nothing to judge (both clips as many steps up, e.g. both fallen all along): "
+                              f"answered "
                               f"{self.board.idle!r} by rule, {stats['asked']} asked")
             deadline = None if timeout is None else time.monotonic() + timeout
             shown = None

@@ -20,12 +20,14 @@ WAIT_S = 30
 
 
 def _obs(p: int, seed: int) -> np.ndarray:
-    """CartPole-like fragments of 20 steps (21 frames): carts drifting, poles leaning."""
+    """CartPole-like fragments of 20 steps (21 frames): carts drifting, the left pole up, the right one falling
+    (so the two differ in live steps: every pair is asked)."""
     rng = np.random.default_rng(seed)
     t = np.linspace(0.0, 1.0, 21, dtype=np.float32)
     out = np.zeros((p, 2, 21, 4), np.float32)
     out[..., 0] = rng.uniform(-1.5, 1.5, (p, 2, 1)) * t
-    out[..., 2] = rng.uniform(-1.0, 1.0, (p, 2, 1)) * t**2
+    out[:, 0, :, 2] = rng.uniform(-0.15, 0.15, (p, 1)) * t**2          # the left pole stays up ...
+    out[:, 1, :, 2] = rng.choice([-1, 1], (p, 1)) * rng.uniform(0.5, 1.0, (p, 1)) * t**2   # ... the right one falls
     return out
 
 

@@ -40,7 +40,8 @@ def test_a_person_who_compares_true_returns_answers_like_the_noiseless_synthetic
     rng = np.random.default_rng(7)
     p, length = 24, 6
     rews = rng.integers(0, 2, size=(p, 2, length)).astype(np.float32)   # CartPole-like 0/1 rewards: ties happen
-    obs = 0.05 * rng.normal(size=(p, 2, length + 1, 4)).astype(np.float32)   # carts and poles in play: all asked
+    obs = 0.05 * rng.normal(size=(p, 2, length + 1, 4)).astype(np.float32)
+    obs[:, :, 1:, 2] += np.where(rews == 1, 0.0, 1.0)   # the clips show the rewards: a 0 step is a fallen pole
     pairs = pf.fragment_pairs_from_arrays(obs, np.zeros((p, 2, length), np.int32), rews)
     expected, _ = pf.synthetic_preferences(0, pairs, temperature=0.0)
     expected_valid = pf.synthetic_teacher(0, pairs, temperature=0.0).valid
@@ -49,7 +50,9 @@ def test_a_person_who_compares_true_returns_answers_like_the_noiseless_synthetic
     wait_for_round(api, 5)
     said = _person(api, rews.sum(-1), 5)
     prefs, valid = asker.result()
-    assert {"left", "right", "equal"} <= set(said)
+    ties = int((rews.sum(-1)[:, 0] == rews.sum(-1)[:, 1]).sum())
+    assert set(said) == {"left", "right"} and len(said) == p - ties      # ties are answered equal by the rule
+    assert ties > 0 and teacher.rounds[5]["by_rule"] == ties
     np.testing.assert_array_equal(prefs, np.asarray(expected))
     np.testing.assert_array_equal(valid, np.asarray(expected_valid))
     assert prefs.dtype == np.float32 and prefs.shape == (p,) and valid.dtype == bool

@@ -171,7 +171,8 @@
     if (s.round !== null && s.by_rule > 0 && s.phase === "labelling") {
       const rule = s.idle_rule === "skip" ? "skipped" : "answered equal";
       notice.textContent = `${s.by_rule} of ${s.requested} pairs of this round have nothing to judge (both ` +
-        `clips fallen for every step): ${rule} without asking you.`;
+        `clips stay up for as many steps, e.g. both fallen all along or both up all along): ${rule} ` +
+        "without asking you.";
       notice.hidden = false;
     } else {
       notice.hidden = true;
