@@ -110,7 +110,7 @@ def browser_person(url: str, look_s: float, double_every: int, undo_at: int, dea
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = shutil.which("chromium") or shutil.which("chromium-browser") or "chromium"
-    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1100,820"):
+    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1100,940"):
         opts.add_argument(a)
     drv = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
     parts = urlsplit(url)
