@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 import textwrap
@@ -583,7 +584,10 @@ def _json_ready(x: Any) -> Any:
 
 # ---------------------------------------------------------------- run
 def _checkpoint_status(ckpt_dir: Path, resume: bool, num_rounds: int) -> str:
-    """One line saying whether the run resumes a checkpoint, starts afresh over one, or starts anew."""
+    """One line saying whether the run resumes a checkpoint, starts afresh over one, or starts anew.
+
+    Rounds are counted from 1 here, as a person reads them ("2 of 7 rounds done; continuing with round 3").
+    """
     from jaxweight.preference.driver import CHECKPOINT_NAME
 
     path = Path(ckpt_dir) / CHECKPOINT_NAME
@@ -594,13 +598,16 @@ def _checkpoint_status(ckpt_dir: Path, resume: bool, num_rounds: int) -> str:
     except (ValueError, OSError) as e:  # a damaged file: say so; train() raises if it is resumed
         return f"[preferences] the checkpoint {path} cannot be read ({e})"
     if resume:
-        return f"[preferences] resuming after round {done} of {num_rounds} from {path}"
-    return (f"[preferences] starting afresh: the checkpoint of an earlier run ({done} of {num_rounds} rounds) "
-            f"in {path} will be overwritten; pass --resume to continue it instead")
+        if done >= num_rounds:
+            return f"[preferences] resuming: all {num_rounds} rounds are done already ({path}); evaluating it"
+        return (f"[preferences] resuming: {done} of {num_rounds} rounds done; continuing with round {done + 1} of "
+                f"{num_rounds} from {path}")
+    return (f"[preferences] starting afresh: the checkpoint of an earlier run ({done} of {num_rounds} rounds done) "
+            f"in {path} is moved aside, never resumed by this run (pass --resume to continue it instead)")
 
 
-def _archive_labels(path: Path) -> Path | None:
-    """Move an earlier run's label log aside (a fresh run asks anew; nothing is deleted); its new path or None."""
+def _move_aside(path: Path) -> Path | None:
+    """Rename an earlier run's file to ``<stem>-<time><suffix>`` (nothing is deleted); its new path or None."""
     if not path.exists() or path.stat().st_size == 0:
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -613,17 +620,24 @@ def _archive_labels(path: Path) -> Path | None:
     return target
 
 
-def _label_lines(log: Any) -> Any:
-    """A ``progress(round, labelled, requested)`` for :class:`~jaxweight.label.HumanTeacher`: two lines a round."""
+def _archive_labels(path: Path) -> Path | None:
+    """Move an earlier run's label log aside (a fresh run asks anew; nothing is deleted); its new path or None."""
+    return _move_aside(path)
+
+
+def _label_lines(log: Any, num_rounds: int | None = None) -> Any:
+    """A ``progress(round, labelled, requested)`` for :class:`~jaxweight.label.HumanTeacher`: two lines a round
+    (rounds counted from 1, as the page counts them)."""
     said: dict[int, int] = {}
+    of = "" if num_rounds is None else f" of {num_rounds}"
 
     def progress(i: int, labelled: int, requested: int) -> None:
         if i not in said:
             said[i] = labelled
-            log(f"[label] round {i}: {labelled}/{requested} pairs labelled; waiting for the rest on the page")
+            log(f"[label] round {i + 1}{of}: {labelled}/{requested} pairs answered; waiting for the rest on the page")
         if labelled >= requested and said.get(i) != -1:
             said[i] = -1
-            log(f"[label] round {i}: {labelled}/{requested} pairs labelled")
+            log(f"[label] round {i + 1}{of}: {labelled}/{requested} pairs answered")
         _flush()
 
     return progress
@@ -634,11 +648,13 @@ def _flush() -> None:
 
 
 def human_teacher(s: Settings, log_path: str | os.PathLike, *, port: int = 0, progress: bool = True,
-                  log: Any = print) -> Any:
+                  log: Any = print, num_rounds: int | None = None, idle: str = "equal") -> Any:
     """The :class:`~jaxweight.label.HumanTeacher` of a run (not started): its label log, the env's clips.
 
     ``progress``: a tqdm bar of labelled/requested pairs per round (else a line when a round opens and one when
-    it is done). The URL line goes to ``log`` (flushed).
+    it is done). The URL line goes to ``log`` (flushed). The page's token and port are kept beside the label
+    log (``keep_address``): a resumed run serves the same URL, so an open tab goes on. ``idle``: what pairs with
+    nothing to judge get (:data:`jaxweight.label.board.IDLE_RULES`: answered ``"equal"``, ``"skip"``-ped or ``"ask"``-ed).
     """
     from jaxweight.label import HumanTeacher, tqdm_progress
 
@@ -646,14 +662,28 @@ def human_teacher(s: Settings, log_path: str | os.PathLike, *, port: int = 0, pr
         log(line)
         _flush()
 
-    return HumanTeacher(log_path, s.env, port=port, announce=announce,
-                        progress=tqdm_progress("labels") if progress else _label_lines(log))
+    return HumanTeacher(log_path, s.env, port=port, announce=announce, keep_address=True, idle=idle,
+                        progress=tqdm_progress("labels") if progress else _label_lines(log, num_rounds))
+
+
+#: the first compile of a run, in seconds, that the page announces before a run of this output folder has one
+#: on record (quick human run, 2-core CPU: ~40 s)
+COMPILE_GUESS_S = 45.0
+
+
+def _compile_guess(results: Path) -> float:
+    """The compile time of the last run written to ``results`` (its JSON), else :data:`COMPILE_GUESS_S`."""
+    try:
+        return float(json.loads(Path(results).read_text("utf-8"))["compile_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return COMPILE_GUESS_S
 
 
 def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, out: str | os.PathLike | None = None,
         resume: bool = False, progress: bool = True, baseline: bool | None = None, seed: int = 0, *,
         tensorboard: str | os.PathLike | None = None, resume_override: bool = False,
-        log: Any = print, teacher: str = "synthetic", port: int = 0, agent: str = "ppo", **overrides: Any) -> dict:
+        log: Any = print, teacher: str = "synthetic", port: int = 0, agent: str = "ppo", idle: str = "equal",
+        **overrides: Any) -> dict:
     """Run the demo; returns the results dict (also written to ``out/<env>[_quick].json`` with a PNG plot).
 
     Args:
@@ -673,6 +703,8 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
       teacher: ``"synthetic"`` or ``"human"`` (a person on the labelling page;
         needs ``out`` for the label log ``out/checkpoints/<tag>/labels.jsonl``).
       port: the labelling page's port with ``teacher="human"`` (0: any free one).
+      idle: with ``teacher="human"``, what pairs with nothing to judge get (both clips up for as many steps,
+        e.g. both fallen all along, or identical): ``"equal"`` (the noiseless teacher's tie), ``"skip"`` or ``"ask"``.
       agent: ``"ppo"`` or ``"sac"`` (see :func:`settings`).
       **overrides: settings fields (see :func:`settings`).
 
@@ -697,15 +729,41 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
     labeller = labels = None
     if ckpt is not None:
         log(_checkpoint_status(ckpt, resume, plan.num_rounds))
+        if not resume:  # a fresh run: a later --resume must never continue the earlier run
+            from jaxweight.preference.driver import CHECKPOINT_NAME
+
+            moved = _move_aside(ckpt / CHECKPOINT_NAME)
+            if moved is not None:
+                log(f"[preferences] the earlier run's checkpoint is kept in {moved}")
     if human:
         labels = ckpt / LABELS_NAME
         if not resume:
             moved = _archive_labels(labels)
             if moved is not None:
                 log(f"[preferences] starting afresh: the earlier run's labels are kept in {moved}")
-        labeller = human_teacher(s, labels, port=port, progress=progress, log=log)
+            from jaxweight.label.address import address_path
+
+            address_path(labels).unlink(missing_ok=True)  # a new token: an old tab says the server restarted
+        labeller = human_teacher(s, labels, port=port, progress=progress, log=log, num_rounds=plan.num_rounds,
+                                 idle=idle)
+        labeller.set_plan(plan.schedule)
         given = len(labeller.log.records)
-        log(f"[preferences] labels are saved to {labels}" + (f" ({given} given before)" if given else ""))
+        log(f"[preferences] labels are saved to {labels}" + (f" ({given} lines given before)" if given else ""))
+    try:
+        return _run(pc, s, plan, env, quick, out, ckpt, tag, resume, progress, baseline, seed, tensorboard,
+                    resume_override, log, port, labeller, labels, t0)
+    except KeyboardInterrupt:
+        if labeller is not None:
+            labeller.stopped(f"run stopped (Ctrl-C): labels kept in {labels}; run again with --resume to continue")
+        raise
+    finally:
+        if labeller is not None:
+            labeller.close()  # every label is on disk already
+
+
+def _run(pc, s, plan, env, quick, out, ckpt, tag, resume, progress, baseline, seed, tensorboard, resume_override,
+         log, port, labeller, labels, t0) -> dict:
+    """The body of :func:`run` once the teacher is made (the page, if any, is closed by the caller)."""
     timer = C.Timer()
     writer = None
     try:
@@ -718,6 +776,7 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
             except OSError as e:
                 raise ValueError(f"the labelling page cannot listen on 127.0.0.1:{port} ({e}); "
                                  "choose another --port") from None
+            labeller.board.set_phase("preparing", eta_s=_compile_guess(Path(out) / f"{tag}.json"))
         with timer.section("compile"):
             pc.compile(s.total_timesteps, s.total_comparisons, num_seeds=s.seeds, teacher=labeller)
         log(f"[preferences] compiled the loop in {timer['compile']:.1f} s")
@@ -731,7 +790,8 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
 
         def on_round(i: int, n: int, host: dict) -> None:
             if writer is not None:
-                writer.write(i, metrics.flatten(host, "preference"))
+                asked = {} if labeller is None else {f"label/{k}": float(v) for k, v in labeller.rounds.get(i, {}).items()}
+                writer.write(i, {**metrics.flatten(host, "preference"), **asked})
             if bar is not None:
                 bar(i, n, host)
 
@@ -741,8 +801,8 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
     finally:
         if writer is not None:
             writer.close()
-        if labeller is not None:
-            labeller.close()  # every label is on disk already
+    if labeller is not None:
+        labeller.board.set_phase("evaluating")
     for note in pc.overrides:
         log(f"[preferences] resumed after round {note['round']} with changed settings (--resume-override): "
             + "; ".join(note["changed"]))
@@ -768,6 +828,8 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
         "baseline_return": base,
         "random_return": rnd,
         "labels": None if labels is None else str(labels),
+        # per round: pairs, asked (shown to the person), by_rule (nothing to judge: answered by the rule), skipped
+        "label_rounds": None if labeller is None else {str(k): v for k, v in sorted(labeller.rounds.items())},
         "wall_s": wall,
         "loop_s": t_loop,
         "compile_s": timer["compile"],
@@ -784,6 +846,8 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
         checkpoint.save_json(res["json"], _json_ready(res))   # results first: never lost to a plot error
         png = plot(res, out / f"{tag}.png")
         res["plot"] = None if png is None else str(png)
+        if labeller is not None:
+            labeller.finish(f"run finished: results in {res['json']}")
     return res
 
 
@@ -845,6 +909,10 @@ def parser() -> argparse.ArgumentParser:
                          "300 comparisons: 30, then 26 down to 13 a round; quick: 80)")
     ap.add_argument("--port", type=C.int_range(0, 65535), default=None, metavar="P",
                     help="with --teacher human: the labelling page's port on 127.0.0.1 (default: a free one)")
+    ap.add_argument("--idle", choices=("equal", "skip", "ask"), default=None,
+                    help="with --teacher human: pairs with nothing to judge (both clips up for as many steps, e.g. "
+                         "both fallen all along, or identical) are answered equal without asking (default), "
+                         "skipped, or asked")
     ap.add_argument("--seeds", type=C.positive_int, default=None,
                     help="seeds run at once with jax.vmap (default 4, quick 2; --teacher human: 1)")
     ap.add_argument("--rounds", type=C.positive_int, default=None, metavar="K",
@@ -881,6 +949,8 @@ def main(argv: list[str] | None = None) -> int:
     C.require_extra("gymnax", "rl", "the preferences demo")
     if args.port is not None and args.teacher != "human":
         return _fail("--port is the labelling page's: it needs --teacher human")
+    if args.idle is not None and args.teacher != "human":
+        return _fail("--idle is the labelling page's: it needs --teacher human")
     if args.teacher == "human":
         if args.seeds is not None and args.seeds > 1:
             return _fail(f"a person labels one run: --teacher human takes one seed, got --seeds {args.seeds}")
@@ -894,7 +964,7 @@ def main(argv: list[str] | None = None) -> int:
         res = run(args.env, quick=args.quick, seeds=args.seeds, out=args.out, resume=args.resume,
                   progress=not args.no_progress, baseline=args.baseline, seed=args.seed,
                   tensorboard=args.tensorboard, resume_override=args.resume_override, teacher=args.teacher,
-                  port=args.port or 0, agent=args.agent, **overrides)
+                  port=args.port or 0, agent=args.agent, idle=args.idle or "equal", **overrides)
     except StateFileError as e:  # a damaged or foreign checkpoint or label log
         return _fail(str(e).splitlines()[0])
     except EnvIdError as e:  # named as argparse names a bad value: "argument --env: ..."
@@ -902,6 +972,12 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"argument --env: {msg[len('env '):] if msg.startswith('env must') else msg}")
     except (ValueError, ImportError) as e:  # settings the loop refuses, a checkpoint of other settings, an
         return _fail(" ".join(str(e).split()))  # unknown env id or the missing extra of one
+    except KeyboardInterrupt:  # one line, no traceback: what is kept and how to go on
+        ckpt = Path(args.out) / "checkpoints" / file_tag(args.env, args.quick, args.agent)
+        kept = (f"labels kept in {ckpt / LABELS_NAME}" if args.teacher == "human"
+                else f"the checkpoint of the last finished round is in {ckpt}")
+        print(f"\n[preferences] stopped: {kept}; run again with --resume to continue", file=sys.stderr)
+        return 130
     print(report(res))
     sys.stdout.flush()
     return C.finish(goals(res), args.strict)

@@ -4,13 +4,18 @@ A host app on the demos floor (it uses :mod:`jaxweight.preference`'s concepts;
 they never import it). Its parts, one concern per file:
 
 - ``render``: fragments as animated GIFs (NumPy and Pillow only, no JAX),
-  with a registry of renderers by environment id (``"cartpole"``, ``"pendulum"``).
+  with a registry of renderers by environment id (``"cartpole"``, ``"pendulum"``);
+  the view follows the subject and a fallen stretch is frozen and dimmed.
 - ``log``: the labels as JSON lines, each appended and ``fsync``-ed before
   the page hears OK; read back on restart (a torn last line is dropped with a warning).
-- ``board``: the open round (pairs, answers, clips, the model's agreement),
-  shared by ``server``, a Starlette app served by uvicorn on a background
-  thread behind a random token, and ``teacher``'s :class:`HumanTeacher`,
-  whose ``ask(round, obs, predicted)`` blocks until a person has answered every pair.
+- ``board``: the open round (pairs, answers and undos, clips, the model's
+  agreement, the run's phase and progress; pairs with nothing to judge answered
+  by rule), shared by ``server``, a Starlette app served by uvicorn on a
+  background thread behind a random token (Host and Origin checked), and
+  ``teacher``'s :class:`HumanTeacher`, whose ``ask(round, obs, predicted)``
+  blocks until a person has answered every pair.
+- ``address``: the page's token and port kept beside the log (mode 0600), so
+  a restarted run serves the same URL.
 
 The server and the teacher need the ``label`` extra (starlette, uvicorn, pillow);
 rendering and the board need only Pillow, the log only NumPy. Names load on

@@ -6,9 +6,12 @@ Each line is a :class:`LabelRecord`::
 
 ``round`` and ``pair`` say which question it answers (pair ``p`` of the
 observations passed to ``HumanTeacher.ask`` for that round), ``choice`` is one
-of :data:`~jaxweight.label.CHOICES`, ``time`` the Unix time it arrived and
+of :data:`~jaxweight.label.CHOICES` or ``"undone"`` (:data:`UNDONE`: the
+person took the pair's answer back), ``time`` the Unix time it arrived and
 ``digest`` a hash of the pair's observations (:func:`pair_digest`): a label is
-reused only for the pair it was given for. :meth:`LabelLog.append` writes the
+reused only for the pair it was given for. The log is append-only: a revision
+is a new line, and the *latest* line of a pair is its answer (``"undone"``:
+none), for a resume and for training alike. :meth:`LabelLog.append` writes the
 line, flushes and ``os.fsync``-s the file (and its folder when it creates the
 file) before returning. On open the log is read back: a last line cut short by
 a crash (no newline, or not JSON) is dropped with a warning and cut off the
@@ -22,7 +25,9 @@ Example::
     path = pathlib.Path(tempfile.mkdtemp()) / "labels.jsonl"
     log = LabelLog(path)
     log.append(LabelRecord(round=0, pair=1, choice="left", time=0.0, digest="ab"))
-    assert LabelLog(path).round_labels(0)[1].choice == "left"
+    log.append(LabelRecord(round=0, pair=1, choice="undone", time=1.0, digest="ab"))   # taken back
+    log.append(LabelRecord(round=0, pair=1, choice="right", time=2.0, digest="ab"))    # answered again
+    assert LabelLog(path).round_labels(0)[1].choice == "right"
 """
 
 from __future__ import annotations
@@ -40,11 +45,14 @@ import numpy as np
 
 from .choices import CHOICES
 
-__all__ = ["LabelRecord", "LabelLog", "pair_digest"]
+__all__ = ["LabelRecord", "LabelLog", "pair_digest", "UNDONE", "latest"]
 
 logger = logging.getLogger("jaxweight.label")
 
 _FIELDS = {"round": int, "pair": int, "choice": str, "time": float, "digest": str}
+#: the choice of a line that takes a pair's answer back (the pair is asked again)
+UNDONE = "undone"
+_LOG_CHOICES = (*CHOICES, UNDONE)
 
 
 def pair_digest(obs_pair: Any) -> str:
@@ -62,7 +70,8 @@ class LabelRecord:
     Attributes:
       round: the round it was asked in (``>= 0``).
       pair: the pair's index in that round's observations (``>= 0``).
-      choice: ``"left"``, ``"right"``, ``"equal"`` or ``"skip"``.
+      choice: ``"left"``, ``"right"``, ``"equal"``, ``"skip"``, or ``"undone"``
+        (the answer before it was taken back).
       time: Unix time (seconds) when the server received it.
       digest: :func:`pair_digest` of the pair it answers.
     """
@@ -93,8 +102,8 @@ class LabelRecord:
                 raise ValueError(f"field {k!r} must be {typ.__name__}, got {d[k]!r}")
         if d["round"] < 0 or d["pair"] < 0:
             raise ValueError(f"round and pair must be >= 0, got {d['round']}, {d['pair']}")
-        if d["choice"] not in CHOICES:
-            raise ValueError(f"choice must be one of {list(CHOICES)}, got {d['choice']!r}")
+        if d["choice"] not in _LOG_CHOICES:
+            raise ValueError(f"choice must be one of {list(_LOG_CHOICES)}, got {d['choice']!r}")
         return cls(round=d["round"], pair=d["pair"], choice=d["choice"], time=float(d["time"]), digest=d["digest"])
 
 
@@ -165,13 +174,19 @@ class LabelLog:
             self.records.append(record)
 
     def round_labels(self, round_index: int) -> dict[int, LabelRecord]:
-        """``{pair: record}`` of a round (the first record of each pair)."""
-        out: dict[int, LabelRecord] = {}
+        """``{pair: record}`` of a round: the latest line of each pair, pairs taken back left out."""
         with self._lock:
-            for r in self.records:
-                if r.round == round_index and r.pair not in out:
-                    out[r.pair] = r
-        return out
+            return latest(r for r in self.records if r.round == round_index)
+
+
+def latest(records: Any) -> dict[int, LabelRecord]:
+    """``{pair: record}``: the last record of each pair among ``records`` (of one round), ``"undone"`` ones dropped."""
+    out: dict[int, LabelRecord] = {}
+    for r in records:
+        out.pop(r.pair, None)  # re-inserted last: the dict keeps the order the answers stand in
+        if r.choice != UNDONE:
+            out[r.pair] = r
+    return out
 
 
 def _fsync_dir(folder: Path) -> None:

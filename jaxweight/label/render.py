@@ -14,6 +14,14 @@ Renderers are found by environment id in a registry: exact ids (``"cartpole"``,
 can load that system). :func:`register_renderer` adds one; :func:`get_renderer`
 finds one or names the ids it knows.
 
+Every frame shows what is judged. A renderer may say which frames are *live*
+(``Renderer.live``: the subject is in play and earns reward; CartPole: the
+cart within its bounds and the pole within 12 degrees). A stretch that is not
+live is drawn as such: the last live frame frozen and dimmed with "fell at
+step k of L" (or, with no live frame before it, the fragment's first frame
+dimmed with "fallen before this clip"). CartPole's view follows the cart (the
+bounds and a 0.5 m scale drawn on the track), so the cart is in every frame.
+
 Example::
 
     import io
@@ -38,7 +46,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 __all__ = ["Renderer", "register_renderer", "get_renderer", "renderer_ids", "env_id", "render_clip",
-           "check_fragment_obs", "WIDTH", "HEIGHT"]
+           "check_fragment_obs", "cartpole_live", "frozen_source", "WIDTH", "HEIGHT"]
 
 #: frame size in pixels (every built-in renderer draws this size)
 WIDTH, HEIGHT = 320, 200
@@ -55,8 +63,13 @@ _PALETTE = [
     (205, 60, 60),    # 5 bounds, missing data
     (190, 200, 215),  # 6 time bar track
     (70, 130, 200),   # 7 time bar fill, velocity
+    (168, 180, 198),  # 8 cart / rod, dimmed (a fallen or absorbed stretch)
+    (226, 196, 168),  # 9 pole / bob, dimmed
+    (236, 236, 232),  # 10 background of a dimmed frame
+    (255, 246, 214),  # 11 banner
+    (250, 226, 226),  # 12 out-of-bounds track
 ]
-BG, TRACK, CART, POLE, AXLE, BOUND, BAR_BG, BAR = range(len(_PALETTE))
+BG, TRACK, CART, POLE, AXLE, BOUND, BAR_BG, BAR, CART_DIM, POLE_DIM, BG_DIM, BANNER, OUT = range(len(_PALETTE))
 _FLAT_PALETTE = [c for rgb in _PALETTE for c in rgb]
 
 
@@ -73,6 +86,14 @@ class Renderer:
         browsers show delays under 20 ms as 100 ms, so keep it >= 20).
       goal: one sentence telling the person what good behaviour looks like
         (shown above the clips).
+      live: ``live(obs f32[T, D]) -> bool[T]``, the frames where the subject is
+        in play (CartPole: cart in bounds and pole within 12 degrees, the frames
+        that earn reward), or None: every frame. A pair whose two fragments have
+        as many live frames after the first has nothing to judge (see
+        :func:`~jaxweight.label.board.idle_pairs`).
+      subject_rgb: the colours the subject is drawn in (live and dimmed): a clip
+        shows its subject when every frame has a pixel of one of them (the
+        page's tests check this for every clip of a round).
     """
 
     name: str
@@ -80,6 +101,8 @@ class Renderer:
     draw: Callable[[np.ndarray], list[Image.Image]]
     frame_ms: int = 100
     goal: str = ""
+    live: Callable[[np.ndarray], np.ndarray] | None = None
+    subject_rgb: tuple[tuple[int, int, int], ...] = ()
 
 
 #: id (exact, or a family prefix ending in ":") -> factory(env_id) -> Renderer
@@ -205,10 +228,25 @@ def render_clip(env: Any, obs: Any, *, frame_ms: int | None = None) -> bytes:
 
 
 # ---------------------------------------------------------------- drawing helpers
-def _canvas() -> Image.Image:
-    img = Image.new("P", (WIDTH, HEIGHT), BG)
+def _canvas(bg: int = BG) -> Image.Image:
+    img = Image.new("P", (WIDTH, HEIGHT), bg)
     img.putpalette(_FLAT_PALETTE)
     return img
+
+
+_FONT: Any = None
+
+
+def _font() -> Any:
+    global _FONT
+    if _FONT is None:
+        from PIL import ImageFont
+
+        try:
+            _FONT = ImageFont.load_default(size=13)
+        except TypeError:  # pragma: no cover - Pillow < 10.1: the bitmap font
+            _FONT = ImageFont.load_default()
+    return _FONT
 
 
 def _time_bar(draw: ImageDraw.ImageDraw, t: int, n: int) -> None:
@@ -217,6 +255,12 @@ def _time_bar(draw: ImageDraw.ImageDraw, t: int, n: int) -> None:
     draw.rectangle((0, y0, WIDTH - 1, HEIGHT - 1), fill=BAR_BG)
     frac = (t + 1) / n
     draw.rectangle((0, y0, max(1, round(frac * (WIDTH - 1))), HEIGHT - 1), fill=BAR)
+
+
+def _banner(draw: ImageDraw.ImageDraw, text: str) -> None:
+    """A strip along the top edge that says why the frame is frozen."""
+    draw.rectangle((0, 0, WIDTH - 1, 20), fill=BANNER)
+    draw.text((WIDTH / 2, 10), text, fill=AXLE, font=_font(), anchor="mm")
 
 
 def _missing(draw: ImageDraw.ImageDraw) -> None:
@@ -230,18 +274,41 @@ def _clamp(v: float) -> float:
     return float(min(max(v, -_FAR), _FAR))
 
 
-def _frames(obs: np.ndarray, base: Image.Image, draw_one: Callable[[ImageDraw.ImageDraw, np.ndarray], None]
-            ) -> list[Image.Image]:
-    out = []
+def frozen_source(live: np.ndarray) -> np.ndarray:
+    """``i32[T]``: the frame each frame shows: itself when live, else the last live frame before it
+    (the first frame when there is none).
+
+    Example: ``frozen_source(np.array([1, 1, 0, 0, 1, 0], bool)).tolist() == [0, 1, 1, 1, 4, 4]``.
+    """
+    t = np.arange(live.shape[0])
+    return np.maximum(np.maximum.accumulate(np.where(live, t, -1)), 0)
+
+
+def _frames(obs: np.ndarray, draw_one: Callable[[ImageDraw.ImageDraw, np.ndarray, bool], None],
+            live: np.ndarray | None = None, *, base: Callable[[np.ndarray, bool], Image.Image]) -> list[Image.Image]:
+    """One image per row of ``obs``. Rows that are not ``live`` show the last live row, dimmed, with a banner."""
     n = len(obs)
     finite = np.all(np.isfinite(obs), axis=1)
+    live = finite if live is None else (np.asarray(live, bool) & finite)
+    src = frozen_source(live)
+    # where each not-live stretch starts (the step the subject fell at), and whether a live frame came before it
+    starts = np.maximum.accumulate(np.where(~live & np.concatenate([[True], live[:-1]]), np.arange(n), 0))
+    had_live = np.maximum.accumulate(live)
+    out = []
     for t in range(n):  # one frame per row: host drawing, not array math
-        img = base.copy()
-        d = ImageDraw.Draw(img)
-        if finite[t]:
-            draw_one(d, obs[t])
-        else:
+        dim = not live[t]
+        row = obs[src[t]]
+        if not finite[t] or not finite[src[t]]:
+            img = _canvas()
+            d = ImageDraw.Draw(img)
             _missing(d)
+        else:
+            img = base(row, dim)
+            d = ImageDraw.Draw(img)
+            draw_one(d, row, dim)
+            if dim:
+                _banner(d, f"fell at step {starts[t]} of {n - 1}: no reward from here on" if had_live[t]
+                        else "fallen before this clip: no reward")
         _time_bar(d, t, n)
         out.append(img)
     return out
@@ -249,47 +316,73 @@ def _frames(obs: np.ndarray, base: Image.Image, draw_one: Callable[[ImageDraw.Im
 
 # ---------------------------------------------------------------- CartPole
 # gym / gymnax CartPole: x_threshold 2.4, theta_threshold 12 degrees, pole half-length 0.5.
+_CP_X_BOUND = 2.4
+_CP_THETA_BOUND = 12 * 2 * math.pi / 360
 _CP_VIEW = 2.9            # half-width of the view in metres
 _CP_SCALE = WIDTH / (2 * _CP_VIEW)
-_CP_TRACK_Y = 120         # pixel row of the track
+_CP_MARGIN = 0.45         # the view follows the cart so that it stays this far inside the edge
+_CP_TRACK_Y = 130         # pixel row of the track
 _CP_POLE = 1.0 * _CP_SCALE  # the full pole (2 x half-length)
 _CP_CART_W, _CP_CART_H = 0.5 * _CP_SCALE, 0.3 * _CP_SCALE
 
 
-def _cartpole_base() -> Image.Image:
-    img = _canvas()
+def cartpole_live(obs: np.ndarray) -> np.ndarray:
+    """``bool[T]``: the cart within 2.4 m and the pole within 12 degrees (the frames CartPole pays 1 for)."""
+    o = np.asarray(obs, np.float64)
+    return (np.abs(o[:, 0]) <= _CP_X_BOUND) & (np.abs(o[:, 2]) <= _CP_THETA_BOUND)
+
+
+def _cartpole_camera(x: float) -> float:
+    """The view's centre: 0 while the cart is well inside the view, else following it."""
+    edge = _CP_VIEW - _CP_MARGIN
+    return float(x - min(max(x, -edge), edge))
+
+
+def _cartpole_base(o: np.ndarray, dim: bool) -> Image.Image:
+    img = _canvas(BG_DIM if dim else BG)
     d = ImageDraw.Draw(img)
-    d.line((0, _CP_TRACK_Y, WIDTH, _CP_TRACK_Y), fill=TRACK, width=2)
-    for x in (-2.4, 2.4):  # the bounds the cart must stay within
-        px = WIDTH / 2 + x * _CP_SCALE
-        d.line((px, _CP_TRACK_Y - 8, px, _CP_TRACK_Y + 8), fill=BOUND, width=3)
-    d.line((WIDTH / 2, _CP_TRACK_Y + 3, WIDTH / 2, _CP_TRACK_Y + 7), fill=TRACK, width=1)  # the centre
+    cam = _cartpole_camera(_clamp(float(o[0])))
+    px = lambda x: WIDTH / 2 + (x - cam) * _CP_SCALE  # noqa: E731
+    y = _CP_TRACK_Y
+    lo, hi = px(-_CP_X_BOUND), px(_CP_X_BOUND)
+    if lo > 0:  # out of bounds: a tinted track
+        d.rectangle((0, y - 2, lo, y + 12), fill=OUT)
+    if hi < WIDTH:
+        d.rectangle((hi, y - 2, WIDTH, y + 12), fill=OUT)
+    d.line((0, y, WIDTH, y), fill=TRACK, width=2)
+    first = math.ceil((cam - _CP_VIEW) / 0.5)
+    for k in range(first, first + int(2 * _CP_VIEW / 0.5) + 2):  # a 0.5 m scale: motion shows as the view moves
+        xp = px(k * 0.5)
+        d.line((xp, y + 3, xp, y + (8 if k % 2 == 0 else 5)), fill=TRACK, width=1)
+    for bx in (lo, hi):  # the bounds the cart must stay within
+        if -5 <= bx <= WIDTH + 5:
+            d.line((bx, y - 10, bx, y + 10), fill=BOUND, width=3)
+    if cam != 0.0:  # the view has moved: say where it is
+        side = "right" if cam > 0 else "left"
+        d.text((6, HEIGHT - 24), f"view follows the cart: {abs(cam):.1f} m {side} of centre", fill=TRACK,
+               font=_font())
     return img
 
 
-def _cartpole_one(d: ImageDraw.ImageDraw, o: np.ndarray) -> None:
-    x, theta = float(o[0]), float(o[2])
-    cx = WIDTH / 2 + x * _CP_SCALE
-    if cx < -_CP_CART_W / 2 or cx > WIDTH + _CP_CART_W / 2:  # off screen: an arrow at the edge
-        right = cx > WIDTH
-        tip = WIDTH - 4 if right else 4
-        back = tip - 16 if right else tip + 16
-        d.polygon([(tip, _CP_TRACK_Y - 20), (back, _CP_TRACK_Y - 30), (back, _CP_TRACK_Y - 10)], fill=AXLE)
-        return
-    cx = _clamp(cx)
+def _cartpole_one(d: ImageDraw.ImageDraw, o: np.ndarray, dim: bool) -> None:
+    x, theta = _clamp(float(o[0])), float(o[2])
+    cx = WIDTH / 2 + (x - _cartpole_camera(x)) * _CP_SCALE
     top = _CP_TRACK_Y - _CP_CART_H / 2
-    d.rectangle((cx - _CP_CART_W / 2, top, cx + _CP_CART_W / 2, _CP_TRACK_Y + _CP_CART_H / 2), fill=CART)
+    d.rectangle((cx - _CP_CART_W / 2, top, cx + _CP_CART_W / 2, _CP_TRACK_Y + _CP_CART_H / 2),
+                fill=CART_DIM if dim else CART)
     # theta = 0 is upright, positive leans right (tip at x + l sin theta)
     tx, ty = cx + _CP_POLE * math.sin(theta), top - _CP_POLE * math.cos(theta)
-    d.line((cx, top, tx, ty), fill=POLE, width=6)
+    d.line((cx, top, tx, ty), fill=POLE_DIM if dim else POLE, width=6)
     d.ellipse((cx - 3, top - 3, cx + 3, top + 3), fill=AXLE)
 
 
 def _cartpole(env_name: str) -> Renderer:
-    base = _cartpole_base()
     return Renderer(
-        name=env_name, obs_dim=4, draw=lambda obs: _frames(obs, base, _cartpole_one), frame_ms=100,
-        goal="Keep the pole upright and the cart between the red marks (shown at 1/5 speed).",
+        name=env_name, obs_dim=4, draw=lambda obs: _frames(obs, _cartpole_one, cartpole_live(obs),
+                                                           base=_cartpole_base),
+        frame_ms=100, live=cartpole_live, subject_rgb=(_PALETTE[CART], _PALETTE[CART_DIM]),
+        goal="Keep the pole upright and the cart between the red marks (shown at 1/5 speed). "
+             "A dimmed, frozen clip has fallen: nothing it does from there earns anything.",
     )
 
 
@@ -308,7 +401,7 @@ def _pendulum_base() -> Image.Image:
     return img
 
 
-def _pendulum_one(d: ImageDraw.ImageDraw, o: np.ndarray) -> None:
+def _pendulum_one(d: ImageDraw.ImageDraw, o: np.ndarray, dim: bool = False) -> None:
     cos, sin, thdot = float(o[0]), float(o[1]), float(o[2])
     norm = math.hypot(cos, sin) or 1.0
     cos, sin = cos / norm, sin / norm
@@ -329,8 +422,9 @@ def _pendulum_one(d: ImageDraw.ImageDraw, o: np.ndarray) -> None:
 
 def _pendulum(env_name: str) -> Renderer:
     base = _pendulum_base()
-    return Renderer(
-        name=env_name, obs_dim=3, draw=lambda obs: _frames(obs, base, _pendulum_one), frame_ms=100,
+    return Renderer(  # Pendulum never ends early: every frame is live
+        name=env_name, obs_dim=3, draw=lambda obs: _frames(obs, _pendulum_one, base=lambda o, dim: base.copy()),
+        frame_ms=100, subject_rgb=(_PALETTE[CART], _PALETTE[POLE]),
         goal="Swing the pendulum up and hold it still at the top, by the red mark (shown at 1/2 speed).",
     )
 

@@ -11,15 +11,24 @@ Routes (every one needs ``?token=...`` or the ``X-Label-Token`` header, else
 403 and nothing happens; the token is compared with ``hmac.compare_digest``):
 
 - ``GET /``: the page; ``GET /static/{name}``: its script and style (package data);
-- ``GET /api/state``: the open round as JSON (:meth:`LabelBoard.snapshot`);
+- ``GET /api/state``: the open round and the run's progress as JSON (:meth:`LabelBoard.snapshot`);
 - ``POST /api/label``: ``{"round": int, "pair": int, "choice": "left" | "right" | "equal" | "skip"}``,
   answered 200 with the new state only after the label is fsync-ed to the log;
-  400 malformed body, 404 unknown pair, 409 labelled twice or round not open,
-  413 body over ``max_body`` bytes, 422 unknown choice: a JSON ``{"error": ...}``
-  and nothing changes;
+  400 malformed body (nested or not JSON included), 404 unknown pair, 409
+  labelled twice or round not open, 413 body over ``max_body`` bytes, 422
+  unknown choice: a JSON ``{"error": ...}`` and nothing changes;
+- ``POST /api/undo``: ``{"round": int, "pair": int}``, the round's last answer
+  taken back (a new log line; 409 when ``pair`` is not that answer);
 - ``GET /clip/{round}/{pair}/{side}``: a fragment's animated GIF.
 
-The server binds to a loopback address only (``127.0.0.1`` by default).
+The server binds to a loopback address only (``127.0.0.1`` by default) and
+answers only requests addressed to it by name: the ``Host`` header must be
+``127.0.0.1:PORT`` or ``localhost:PORT`` (a page of another site that
+re-resolves its own name to 127.0.0.1 sends its own name: refused), and a
+POST that says where it comes from (``Origin``, ``Sec-Fetch-Site``) must come
+from the page itself. Refusals are 403 with ``{"error", "code"}``: ``code`` is
+``"token"`` (the page then says the server restarted with a new address), ``"host"`` or ``"origin"``;
+a page request (``GET /``) with an outdated token gets a short HTML page saying so.
 """
 
 from __future__ import annotations
@@ -58,6 +67,16 @@ _HEADERS = {
 _PAGE_HEADERS = {**_HEADERS, "Cache-Control": "no-store",
                  "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'"}
 _FIELDS = {"round", "pair", "choice"}
+_UNDO_FIELDS = {"round", "pair"}
+#: the deepest JSON nesting a body may have (a label is one flat object)
+_MAX_DEPTH = 4
+_RESTARTED = ("the labelling server restarted with a new address: open the new URL printed in the terminal "
+              "(this page's token is out of date)")
+_RESTARTED_PAGE = (b"<!doctype html><html lang=en><meta charset=utf-8><title>jaxweight: address out of date</title>"
+                   b"<body style='font:16px system-ui,sans-serif;max-width:40rem;margin:3rem auto'>"
+                   b"<h1>This address is out of date</h1><p>The labelling server restarted with a new address. "
+                   b"Open the new URL printed in the terminal (<code>[label] compare clips at ...</code>). "
+                   b"Every label given so far is kept.</p></body></html>")
 
 
 def check_token(token: str) -> str:
@@ -74,23 +93,67 @@ def check_token(token: str) -> str:
     return token
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message, "status": status}, status_code=status, headers=_PAGE_HEADERS)
+def _error(status: int, message: str, code: str | None = None) -> JSONResponse:
+    body = {"error": message, "status": status} | ({"code": code} if code else {})
+    return JSONResponse(body, status_code=status, headers=_PAGE_HEADERS)
 
 
-class _TokenGate:
-    """ASGI middleware: every HTTP request must carry the token (query ``token`` or ``X-Label-Token``)."""
+def _split_host(value: str) -> tuple[str, int | None] | None:
+    """``(name, port)`` of a ``Host`` header or an origin's authority (``[::1]:80`` kept bracketed); None if malformed."""
+    name, sep, port = value.rpartition(":")
+    if not sep or name.endswith(":") or (name.startswith("[") != name.endswith("]")):
+        name, port = value, ""
+    if port and not port.isdigit():
+        return None
+    return name.lower(), (int(port) if port else None)
 
-    def __init__(self, app: Any, token: str):
+
+class _Gate:
+    """ASGI middleware: every HTTP request must be addressed to this server by name and carry the token;
+    a POST that names its origin must come from the page.
+
+    ``port``: the bound port, set by :class:`LabelServer` once it listens (None: any port).
+    """
+
+    def __init__(self, app: Any, token: str, host: str):
         self.app = app
         self._token = token.encode()
+        self.names = {"localhost", f"[{host}]" if ":" in host else host}
+        self.port: int | None = None
+
+    def _host_ok(self, value: str | None) -> bool:
+        parts = None if value is None else _split_host(value)
+        return parts is not None and parts[0] in self.names and (self.port is None or parts[1] == self.port)
+
+    def _origin_ok(self, req: Request) -> bool:
+        site = req.headers.get("sec-fetch-site")
+        if site is not None and site not in ("same-origin", "none"):
+            return False
+        origin = req.headers.get("origin")
+        if origin is None:  # not a browser's cross-site request: those always name their origin
+            return True
+        scheme, sep, authority = origin.partition("://")
+        return scheme == "http" and bool(sep) and self._host_ok(authority)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
             req = Request(scope)
-            given = req.query_params.get("token") or req.headers.get(TOKEN_HEADER) or ""
-            if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self._token):
-                await _error(403, "forbidden: this page needs the token printed with its URL")(scope, receive, send)
+            refusal = None
+            if not self._host_ok(req.headers.get("host")):
+                refusal = _error(403, "forbidden: address this server as 127.0.0.1:PORT or localhost:PORT", "host")
+            else:
+                given = req.query_params.get("token") or req.headers.get(TOKEN_HEADER) or ""
+                if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self._token):
+                    if req.method == "GET" and scope["path"] == "/" and given:
+                        refusal = Response(_RESTARTED_PAGE, status_code=403, media_type=_STATIC["index.html"],
+                                           headers=_PAGE_HEADERS)
+                    else:
+                        refusal = _error(403, f"forbidden: {_RESTARTED}" if given else
+                                         "forbidden: this page needs the token printed with its URL", "token")
+                elif req.method == "POST" and not self._origin_ok(req):
+                    refusal = _error(403, "forbidden: answers come from the labelling page only", "origin")
+            if refusal is not None:
+                await refusal(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -111,27 +174,58 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _parse_label(body: bytes) -> tuple[Any, Any, Any]:
+def _depth(text: str) -> int:
+    """The deepest ``[`` / ``{`` nesting of a JSON text (brackets inside strings not counted)."""
+    depth = deepest = 0
+    in_str = escaped = False
+    for c in text:  # host-side request parsing: a few dozen characters
+        if in_str:
+            escaped, in_str = (not escaped and c == "\\"), in_str and (escaped or c != '"')
+        elif c == '"':
+            in_str = True
+        elif c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+    return deepest
+
+
+def _parse(body: bytes, fields: set[str]) -> dict[str, Any]:
+    what = "{" + ", ".join(sorted(fields)) + "}"
     try:
-        data = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise LabelError(400, "the body must be a JSON object {round, pair, choice}") from None
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise LabelError(400, f"the body must be a JSON object {what} in UTF-8") from None
+    if _depth(text) > _MAX_DEPTH:
+        raise LabelError(400, f"the body must be a flat JSON object {what}, not nested {_MAX_DEPTH}+ levels deep")
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        raise LabelError(400, f"the body must be a JSON object {what}") from None
     if not isinstance(data, dict):
-        raise LabelError(400, f"the body must be a JSON object {{round, pair, choice}}, got {type(data).__name__}")
-    if set(data) != _FIELDS:
-        missing, extra = sorted(_FIELDS - set(data)), sorted(set(data) - _FIELDS)
+        raise LabelError(400, f"the body must be a JSON object {what}, got {type(data).__name__}")
+    if set(data) != fields:
+        missing, extra = sorted(fields - set(data)), sorted(set(data) - fields)
         detail = (f"; missing {missing}" if missing else "") + (f"; unexpected {extra}" if extra else "")
-        raise LabelError(400, f"the body must have exactly the fields {sorted(_FIELDS)}{detail}")
+        raise LabelError(400, f"the body must have exactly the fields {sorted(fields)}{detail}")
+    return data
+
+
+def _parse_label(body: bytes) -> tuple[Any, Any, Any]:
+    data = _parse(body, _FIELDS)
     return data["round"], data["pair"], data["choice"]
 
 
-def make_app(board: LabelBoard, token: str, *, max_body: int = MAX_BODY) -> Any:
-    """The ASGI app of the page for ``board``: the Starlette routes behind the token gate.
+def make_app(board: LabelBoard, token: str, *, max_body: int = MAX_BODY, host: str = "127.0.0.1") -> Any:
+    """The ASGI app of the page for ``board``: the Starlette routes behind the gate (host, token, origin).
 
     Args:
       board: the shared round state.
       token: the secret every request must carry (see :func:`check_token`).
       max_body: the largest POST body accepted, in bytes.
+      host: the loopback address served (``Host`` may name it or ``localhost``);
+        set the returned app's ``port`` to require the port too.
 
     Raises:
       ValueError: a weak token or ``max_body < 64``.
@@ -154,12 +248,20 @@ def make_app(board: LabelBoard, token: str, *, max_body: int = MAX_BODY) -> Any:
         return Response(static[name], media_type=_STATIC[name], headers=_PAGE_HEADERS)
 
     async def state(request: Request) -> Response:
-        return JSONResponse(board.snapshot(), headers=_PAGE_HEADERS)
+        return JSONResponse(board.poll(), headers=_PAGE_HEADERS)
 
     async def label(request: Request) -> Response:
         try:
             body = await _read_body(request, max_body)
             snap = await run_in_threadpool(board.submit, *_parse_label(body))  # fsync off the event loop
+        except LabelError as e:
+            return _error(e.status, e.message)
+        return JSONResponse({"ok": True, "state": snap}, headers=_PAGE_HEADERS)
+
+    async def undo(request: Request) -> Response:
+        try:
+            data = _parse(await _read_body(request, max_body), _UNDO_FIELDS)
+            snap = await run_in_threadpool(board.undo, data["round"], data["pair"])
         except LabelError as e:
             return _error(e.status, e.message)
         return JSONResponse({"ok": True, "state": snap}, headers=_PAGE_HEADERS)
@@ -178,10 +280,11 @@ def make_app(board: LabelBoard, token: str, *, max_body: int = MAX_BODY) -> Any:
         Route("/static/{name}", asset, methods=["GET"]),
         Route("/api/state", state, methods=["GET"]),
         Route("/api/label", label, methods=["POST"]),
+        Route("/api/undo", undo, methods=["POST"]),
         Route("/clip/{round:int}/{pair:int}/{side:int}", clip, methods=["GET"]),
     ]
     app = Starlette(routes=routes)
-    return _TokenGate(app, token)
+    return _Gate(app, token, host)
 
 
 def _loopback(host: str) -> str:
@@ -216,7 +319,7 @@ class LabelServer:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an int in [0, 65535] (0: any free port), got {port!r}")
         self.token = check_token(secrets.token_urlsafe(32) if token is None else token)
-        self.app = make_app(board, self.token, max_body=max_body)
+        self.app = make_app(board, self.token, max_body=max_body, host=self.host)
         self._port = port
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -256,6 +359,7 @@ class LabelServer:
             raise
         self._sock = sock
         self._port = sock.getsockname()[1]
+        self.app.port = self._port  # Host must name this port
         config = uvicorn.Config(self.app, host=self.host, port=self._port, log_config=None, log_level="warning",
                                 access_log=False, lifespan="off", ws="none", http="h11", loop="asyncio",
                                 server_header=False, proxy_headers=False)

@@ -95,7 +95,14 @@ def wait_for_round(api: Api, round_index: int, timeout: float = 30.0) -> dict:
 
 
 def random_obs(p: int, dim: int = 4, frames: int = 6, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).normal(size=(p, 2, frames, dim)).astype(np.float32)
+    """Random pairs a person would be asked about: small values, so CartPole's cart and pole stay in play, except
+    that each pair's right pole falls at a random step (CartPole, ``dim=4``): the two clips differ in live steps."""
+    rng = np.random.default_rng(seed)
+    obs = (0.05 * rng.normal(size=(p, 2, frames, dim))).astype(np.float32)
+    if dim == 4 and frames > 1:
+        fall = rng.integers(1, frames, size=p)
+        obs[:, 1, :, 2] += np.where(np.arange(frames)[None] >= fall[:, None], 1.0, 0.0).astype(np.float32)
+    return obs
 
 
 @pytest.fixture
@@ -110,7 +117,7 @@ def teacher(web, tmp_path):
     """A started cartpole :class:`HumanTeacher` on a fresh log, closed after the test."""
     from jaxweight.label import HumanTeacher
 
-    t = HumanTeacher(tmp_path / "labels.jsonl", "cartpole", announce=None, poll_s=0.05)
+    t = HumanTeacher(tmp_path / "labels.jsonl", "cartpole", announce=None, poll_s=0.05, undo_s=0)
     t.start()
     yield t
     t.close()

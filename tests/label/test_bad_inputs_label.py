@@ -8,7 +8,7 @@ import pytest
 from tests.label.conftest import Asker, random_obs, wait_for_round
 
 ROUTES = [("GET", "/"), ("GET", "/static/app.js"), ("GET", "/static/style.css"), ("GET", "/api/state"),
-          ("GET", "/clip/0/0/0"), ("POST", "/api/label"), ("GET", "/nowhere")]
+          ("GET", "/clip/0/0/0"), ("POST", "/api/label"), ("POST", "/api/undo"), ("GET", "/nowhere")]
 
 
 @pytest.fixture
@@ -37,8 +37,43 @@ def test_every_route_needs_the_token(teacher, open_round, method, path, kind):
              "non-ascii": "ünïcødé"}[kind]
     body = {"round": 0, "pair": 1, "choice": "right"} if method == "POST" else None
     status, data = api.request(method, path, body, token=token)
-    assert status == 403 and "token" in data["error"]
+    assert status == 403
+    if method == "GET" and path == "/" and token:   # a reload with an outdated token: a page that says so
+        assert b"address is out of date" in data and b"new URL printed in the terminal" in data
+    else:
+        assert "token" in data["error"] and data["code"] == "token"
+        if token:
+            assert "restarted" in data["error"]
     _unchanged(api, log_bytes, state, teacher)
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:{port}", "127.0.0.1:1", "localhost.evil:{port}",
+                                  "10.0.0.1:{port}", "127.0.0.1:{port}x", ""])
+def test_a_foreign_host_is_refused_even_with_the_token(teacher, open_round, host):
+    """DNS rebinding: a page of another site that re-resolves its name to 127.0.0.1 still sends its own name."""
+    api, log_bytes, state = open_round
+    for method, path in ROUTES:
+        body = {"round": 0, "pair": 1, "choice": "right"} if method == "POST" else None
+        status, data = api.request(method, path, body, headers={"Host": host.format(port=api.port)})
+        assert status == 403 and data["code"] == "host", (method, path, data)
+    _unchanged(api, log_bytes, state, teacher)
+    for name in ("127.0.0.1", "localhost", "LOCALHOST"):   # the names the server answers to
+        assert api.request("GET", "/api/state", headers={"Host": f"{name}:{api.port}"})[0] == 200
+
+
+@pytest.mark.parametrize("headers", [{"Origin": "http://evil.example"}, {"Origin": "null"},
+                                     {"Origin": "http://127.0.0.1:1"}, {"Origin": "https://127.0.0.1:{port}"},
+                                     {"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"}])
+def test_answers_from_another_origin_are_refused(teacher, open_round, headers):
+    api, log_bytes, state = open_round
+    hdrs = {k: v.format(port=api.port) for k, v in headers.items()}
+    for path, body in (("/api/label", {"round": 0, "pair": 1, "choice": "right"}), ("/api/undo", {"round": 0, "pair": 0})):
+        status, data = api.request("POST", path, body, headers=hdrs)
+        assert status == 403 and data["code"] == "origin", data
+    _unchanged(api, log_bytes, state, teacher)
+    status, _ = api.request("POST", "/api/label", {"round": 0, "pair": 1, "choice": "right"},
+                            headers={"Origin": f"http://127.0.0.1:{api.port}", "Sec-Fetch-Site": "same-origin"})
+    assert status == 200   # the page's own answer
 
 
 def test_the_token_is_accepted_in_a_header_too(teacher, open_round):
@@ -64,6 +99,11 @@ def test_the_page_and_its_assets_are_served_with_the_token(teacher, open_round):
     (b"{not json", 400, "JSON object"),
     (b"\xff\xfe", 400, "JSON object"),
     (b"[0, 1, \"left\"]", 400, "JSON object"),
+    (b"[" * 2000, 400, "not nested"),                             # never a RecursionError and a 500
+    (b"[" * 2000 + b"]" * 2000, 400, "not nested"),
+    (b'{"round": 0, "pair": {"a": {"b": {"c": {"d": 1}}}}, "choice": "left"}', 400, "not nested"),
+    (b'{"round": 0, "pair": 1, "choice": "[[[[[[[["}', 422, "choice must be one of"),   # brackets in a string
+    (b"1" * 4000, 400, "JSON object"),
     ({"round": 0, "pair": 1}, 400, r"missing \['choice'\]"),
     ({"round": 0, "pair": 1, "choice": "left", "extra": 1}, 400, r"unexpected \['extra'\]"),
     ({"round": 0, "pair": "1", "choice": "left"}, 400, "pair must be an integer"),

@@ -139,3 +139,129 @@ def test_bad_rounds_are_refused(tmp_path, args, match):
     with pytest.raises(ValueError, match=match):
         board.publish(*args)
     assert board.snapshot()["round"] is None
+
+
+# ------------------------------------------------------------------ pairs with nothing to judge
+def _fallen_pairs(p: int, fallen: list[int]) -> np.ndarray:
+    """Live pairs (small values), except pairs in ``fallen``: both poles down for every step."""
+    obs = random_obs(p)
+    obs[fallen, :, :, 2] = 1.5 + obs[fallen, :, :, 2]
+    return obs
+
+
+@pytest.mark.parametrize(("rule", "prefs", "valid"), [("equal", 0.5, True), ("skip", 0.5, False)])
+def test_pairs_with_nothing_to_judge_are_answered_by_the_rule_and_never_asked(tmp_path, rule, prefs, valid):
+    board = LabelBoard(LabelLog(tmp_path / "l.jsonl"), get_renderer("cartpole"), idle=rule)
+    obs = _fallen_pairs(5, [1, 3])
+    obs[4, 1] = obs[4, 0]                                              # two identical fragments: nothing to tell apart
+    board.publish(0, obs)
+    s = board.snapshot()
+    assert (s["requested"], s["asked"], s["by_rule"], s["labelled"], s["pair"], s["upcoming"]) == (5, 2, 3, 3, 0, 2)
+    assert board.counts() == (3, 5) and board.round_stats() == {"pairs": 5, "asked": 2, "by_rule": 3, "skipped": 0}
+    with pytest.raises(LabelError, match="nothing to judge") as e:
+        board.submit(0, 1, "left")
+    assert e.value.status == 409
+    board.submit(0, 0, "left")
+    board.submit(0, 2, "right")
+    assert board.wait(0.01) and board.snapshot()["done"]
+    p, v = board.answers()
+    np.testing.assert_array_equal(p, [1.0, prefs, 0.0, prefs, prefs])
+    np.testing.assert_array_equal(v, [True, valid, True, valid, valid])
+    assert [r.pair for r in board.log.records] == [0, 2]               # the log holds the person's answers only
+    assert board.session_stats() == {"asked": 2, "by_rule": 3}
+
+
+def test_the_ask_rule_shows_every_pair(tmp_path):
+    board = LabelBoard(LabelLog(tmp_path / "l.jsonl"), get_renderer("cartpole"), idle="ask")
+    board.publish(0, _fallen_pairs(3, [1]))
+    assert board.snapshot()["by_rule"] == 0 and board.counts() == (0, 3)
+    board.submit(0, 1, "equal")
+
+
+def test_a_persons_answer_in_the_log_stands_over_the_rule(tmp_path):
+    obs = _fallen_pairs(2, [1])
+    ask = LabelBoard(LabelLog(tmp_path / "l.jsonl"), get_renderer("cartpole"), idle="ask")
+    ask.publish(0, obs)
+    ask.submit(0, 1, "left")
+    board = _board(tmp_path, "l.jsonl")
+    assert board.publish(0, obs) == 1
+    assert board.snapshot()["by_rule"] == 0 and board.answers()[0][1] == 1.0
+
+
+# ------------------------------------------------------------------ undo
+def test_the_last_answer_can_be_undone_and_the_log_keeps_the_revision(tmp_path):
+    board = _board(tmp_path)
+    obs = random_obs(3)
+    board.publish(0, obs)
+    board.submit(0, 0, "left")
+    board.submit(0, 1, "left")
+    assert board.snapshot()["last"] == {"pair": 1, "choice": "left"}
+    with pytest.raises(LabelError, match=r"only the round's last answer can be undone \(pair 1\)") as e:
+        board.undo(0, 0)
+    assert e.value.status == 409
+    s = board.undo(0, 1)
+    assert (s["pair"], s["labelled"], s["last"]) == (1, 1, {"pair": 0, "choice": "left"})   # asked again
+    board.submit(0, 1, "right")
+    board.submit(0, 2, "equal")
+    assert board.answers()[0].tolist() == [1.0, 0.0, 0.5]
+    assert [(r.pair, r.choice) for r in board.log.records] == [(0, "left"), (1, "left"), (1, "undone"), (1, "right"),
+                                                               (2, "equal")]
+    again = _board(tmp_path)                                           # resume reads the latest answer
+    assert again.publish(0, obs) == 3 and again.answers()[0].tolist() == [1.0, 0.0, 0.5]
+    again.close_round()
+    for call in (lambda: again.undo(0, 2), lambda: again.submit(0, 2, "left")):
+        with pytest.raises(LabelError, match="round 0 is closed") as e:
+            call()
+        assert e.value.status == 409
+    assert again.snapshot()["last"] is None
+
+
+def test_undo_with_nothing_to_undo_is_refused(tmp_path):
+    board = _board(tmp_path)
+    board.publish(0, random_obs(2))
+    with pytest.raises(LabelError, match="no answer to undo"):
+        board.undo(0, 0)
+    assert board.log.records == []
+
+
+# ------------------------------------------------------------------ where the run is
+def test_the_snapshot_says_round_r_of_r_pairs_k_of_n_and_the_time_left(tmp_path, monkeypatch):
+    from jaxweight.label import board as board_module
+
+    now = [100.0]
+    monkeypatch.setattr(board_module.time, "monotonic", lambda: now[0])
+    board = _board(tmp_path)
+    s = board.snapshot()
+    assert (s["phase"], s["round"], s["rounds"], s["overall"]) == ("preparing", None, None, None)
+    board.set_plan([3, 2, 2])
+    board.set_phase("preparing", eta_s=40)
+    now[0] += 15
+    s = board.snapshot()
+    assert s["rounds"] == 3 and s["overall"] == {"done": 0, "total": 7} and s["phase_eta_s"] == 25
+    board.publish(0, random_obs(3))
+    for p in range(3):
+        board.submit(0, p, "left")
+        now[0] += 4                                                    # 4 s a pair
+    s = board.snapshot()
+    assert s["overall"] == {"done": 3, "total": 7} and s["left_s"] == 4 * 4
+    board.close_round()
+    assert board.snapshot()["phase"] == "training"
+    now[0] += 30                                                       # 30 s of training between rounds
+    board.publish(1, random_obs(2, seed=1))
+    s = board.snapshot()
+    assert (s["round"], s["phase"], s["overall"]) == (1, "labelling", {"done": 3, "total": 7})
+    assert s["left_s"] == 4 * (2 + 2) + 30                              # 2 pairs now, 2 in the last round, 1 gap
+    board.set_phase("finished", message="run finished: results in out/cartpole.json")
+    assert board.poll()["message"] == "run finished: results in out/cartpole.json" and board.finished_seen
+    with pytest.raises(ValueError, match="phase must be one of"):
+        board.set_phase("napping")
+    with pytest.raises(ValueError, match="schedule must be a non-empty sequence"):
+        board.set_plan([])
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [({"idle": "maybe"}, "idle must be one of"),
+                                               ({"min_look_ms": -1}, "min_look_ms must be an int in"),
+                                               ({"min_look_ms": 0.5}, "min_look_ms must be an int in")])
+def test_board_settings_are_checked(tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LabelBoard(LabelLog(tmp_path / "l.jsonl"), get_renderer("cartpole"), **kwargs)

@@ -1,4 +1,5 @@
-"""The page in headless Chromium: a round labelled by keyboard, one by clicks, clip load times measured.
+"""The page in headless Chromium: rounds labelled by keyboard and clicks, a double press, undo, where the run
+is (preparing, finished, restarted), narrow windows; clip load times measured.
 
 Skipped (with the reason) without selenium, Chromium or chromedriver; the label CI
 step installs them and refuses skips.
@@ -19,12 +20,14 @@ WAIT_S = 30
 
 
 def _obs(p: int, seed: int) -> np.ndarray:
-    """CartPole-like fragments of 20 steps (21 frames): carts drifting, poles leaning."""
+    """CartPole-like fragments of 20 steps (21 frames): carts drifting, the left pole up, the right one falling
+    (so the two differ in live steps: every pair is asked)."""
     rng = np.random.default_rng(seed)
     t = np.linspace(0.0, 1.0, 21, dtype=np.float32)
     out = np.zeros((p, 2, 21, 4), np.float32)
     out[..., 0] = rng.uniform(-1.5, 1.5, (p, 2, 1)) * t
-    out[..., 2] = rng.uniform(-1.0, 1.0, (p, 2, 1)) * t**2
+    out[:, 0, :, 2] = rng.uniform(-0.15, 0.15, (p, 1)) * t**2          # the left pole stays up ...
+    out[:, 1, :, 2] = rng.choice([-1, 1], (p, 1)) * rng.uniform(0.5, 1.0, (p, 1)) * t**2   # ... the right one falls
     return out
 
 
@@ -34,6 +37,18 @@ def _ready(browser, key: str) -> None:
     WebDriverWait(browser, WAIT_S).until(
         lambda d: d.find_element("id", "clips").get_attribute("data-ready") == key,
         message=f"pair {key} never became ready")
+
+
+def _armed(browser) -> None:
+    """The pair on screen takes answers: its first look (``min_look_ms``) is over."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element("id", "btn-left").is_enabled(),
+                                         message="the buttons never became enabled")
+
+
+def _shown(browser, element_id: str) -> bool:
+    return browser.find_element("id", element_id).is_displayed()
 
 
 def _text(browser, element_id: str) -> str:
@@ -69,12 +84,14 @@ def test_label_a_round_by_keyboard_then_one_by_clicks(browser, teacher, api):
     for i, key in enumerate(keys):
         _ready(browser, f"0/{i}")
         _clips_shown(browser)
-        assert _text(browser, "progress-text") == f"Round 0: {i} of 6 labelled"
+        assert _text(browser, "progress-text") == f"Pair {i + 1} of 6 to judge"
+        assert _text(browser, "where").startswith("Round 1")
+        _armed(browser)
         ActionChains(browser).send_keys(key).perform()
     prefs, valid = asker.result()
     assert prefs.tolist() == [1.0, 0.0, 0.5, 0.5, 0.5, 0.5]
     assert valid.tolist() == [True, True, True, False, True, False]
-    assert "Round 0 done (6 of 6)" in _wait_text(browser, "progress-text", "done")
+    assert "Round 1 done" in _wait_text(browser, "progress-text", "done")
     # pair 0: model 0.8 (left), person left; pair 1: model 0.9 (left), person right
     assert _text(browser, "accuracy") == "Reward model agrees with you on 1 of 2 pairs answered left or right (50%)"
 
@@ -84,10 +101,11 @@ def test_label_a_round_by_keyboard_then_one_by_clicks(browser, teacher, api):
     for i, button in enumerate(buttons):
         _ready(browser, f"1/{i}")
         _clips_shown(browser)
+        _armed(browser)
         browser.find_element("id", button).click()
     prefs, valid = asker.result()
     assert prefs.tolist() == [0.0, 1.0, 0.5, 0.5] and valid.tolist() == [True, True, True, False]
-    _wait_text(browser, "progress-text", "Round 1 done (4 of 4)")
+    _wait_text(browser, "progress-text", "Round 2 done")
     assert _text(browser, "accuracy") == "Reward model agrees with you on 1 of 2 pairs answered left or right (50%)"
 
     stats = browser.execute_script("return window.labelStats")
@@ -111,6 +129,7 @@ def test_clip_load_times_are_measured(browser, teacher, api, record_property):
     for i in range(p):
         _ready(browser, f"3/{i}")
         _clips_shown(browser)
+        _armed(browser)
         ActionChains(browser).send_keys(Keys.ARROW_LEFT).perform()
     asker.result()
     loads = browser.execute_script("return window.labelStats.loads")
@@ -145,4 +164,182 @@ def test_screenshot_of_the_page_shows_both_clips(browser, teacher, api, tmp_path
     assert img.shape[0] >= 600 and img.shape[1] >= 1000 and img.std() > 10
     for p in range(2):
         Api(teacher.url).label(0, p, "skip")
+    asker.result()
+
+
+def _log(teacher) -> list[tuple[int, int, str]]:
+    return [(x["round"], x["pair"], x["choice"]) for x in map(json.loads, teacher.log.path.read_text().splitlines())]
+
+
+def test_a_double_press_within_100_ms_stores_one_label(browser, teacher, api):
+    """The second press lands on the next pair's first look (min_look_ms = 400 by default): ignored."""
+    import time
+
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    asker = Asker(teacher, 0, _obs(4, 4))
+    wait_for_round(api, 0)
+    browser.get(teacher.url)
+    for first, gap in ((0, 0.05), (1, 0.09), (2, 0.25)):
+        _ready(browser, f"0/{first}")
+        _armed(browser)
+        ActionChains(browser).send_keys(Keys.ARROW_LEFT).pause(gap).send_keys(Keys.ARROW_RIGHT).perform()
+        _ready(browser, f"0/{first + 1}")
+        time.sleep(0.6)                                                 # long after the second press
+        assert _log(teacher) == [(0, p, "left") for p in range(first + 1)], gap
+    stats = browser.execute_script("return window.labelStats")
+    assert stats["answered"] == 3 and stats["ignored"] >= 3 and stats["errors"] == []
+    assert api.state()["answered"] == 3
+    _armed(browser)
+    ActionChains(browser).send_keys(Keys.ARROW_DOWN).perform()
+    asker.result()
+
+
+def test_the_last_answer_is_undone_by_key_and_by_button(browser, teacher, api):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    asker = Asker(teacher, 0, _obs(3, 5))
+    wait_for_round(api, 0)
+    browser.get(teacher.url)
+    _ready(browser, "0/0")
+    assert not _shown(browser, "undo-line")                             # nothing to undo yet
+    _armed(browser)
+    ActionChains(browser).send_keys(Keys.ARROW_LEFT).perform()
+    _ready(browser, "0/1")
+    assert _shown(browser, "undo-line") and "pair 1: left" in _text(browser, "undo-text")
+    _armed(browser)
+    ActionChains(browser).send_keys("u").perform()                     # by key: pair 0 comes back
+    _ready(browser, "0/0")
+    _armed(browser)
+    ActionChains(browser).send_keys(Keys.ARROW_RIGHT).perform()
+    _ready(browser, "0/1")
+    _armed(browser)
+    ActionChains(browser).send_keys(Keys.ARROW_UP).perform()
+    _ready(browser, "0/2")
+    _armed(browser)
+    browser.find_element("id", "btn-undo").click()                     # by button: pair 1 comes back
+    _ready(browser, "0/1")
+    _armed(browser)
+    browser.find_element("id", "btn-left").click()
+    _ready(browser, "0/2")
+    _armed(browser)
+    browser.find_element("id", "btn-right").click()
+    prefs, valid = asker.result()
+    assert prefs.tolist() == [0.0, 1.0, 0.0] and valid.all()
+    assert _log(teacher) == [(0, 0, "left"), (0, 0, "undone"), (0, 0, "right"), (0, 1, "equal"), (0, 1, "undone"),
+                             (0, 1, "left"), (0, 2, "right")]
+    assert browser.execute_script("return window.labelStats.undone") == 2
+
+
+def test_preparing_then_between_rounds_then_finished_and_polling_stops(browser, teacher, api):
+    """Before round 0 clips and buttons are truly hidden; a done round stops showing its last pair; the end is a
+    screen with the results' path, after which the page asks the server nothing more."""
+    import time
+
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    teacher.set_plan([2, 2])
+    teacher.board.set_phase("preparing", eta_s=40)
+    browser.get(teacher.url)
+    text = _wait_text(browser, "progress-text", "Preparing")
+    assert "compiling" in text and "about" in text and " s left" in text
+    for element in ("clips", "choices", "btn-left", "btn-right", "left", "right", "help", "undo-line", "final"):
+        assert not _shown(browser, element), element
+    assert browser.execute_script("return getComputedStyle(document.getElementById('clips')).display") == "none"
+    assert "0 of 4 comparisons" in _text(browser, "where")
+
+    asker = Asker(teacher, 0, _obs(2, 6))
+    for i in range(2):
+        _ready(browser, f"0/{i}")
+        _armed(browser)
+        ActionChains(browser).send_keys(Keys.ARROW_LEFT).perform()
+    asker.result()
+    text = _wait_text(browser, "progress-text", "Training")
+    assert text.startswith("Round 1 done") and not _shown(browser, "clips") and not _shown(browser, "choices")
+    assert "Round 1 of 2" in _text(browser, "where") and "2 of 4 comparisons" in _text(browser, "where")
+
+    teacher.finish("run finished: results in /tmp/out/cartpole.json")
+    _wait_text(browser, "final", "results in /tmp/out/cartpole.json")
+    assert _text(browser, "progress-text") == "Run finished" and not _shown(browser, "clips")
+    count = "return performance.getEntriesByType('resource').filter(e => e.name.includes('api/state')).length"
+    before = browser.execute_script(count)
+    time.sleep(2.5)
+    assert browser.execute_script(count) == before                    # no more polling
+
+
+def test_an_outdated_tab_says_the_server_restarted(browser, web, tmp_path):
+    """A fresh run (new token) on the same port: the open tab says to open the new URL; a reload says so too."""
+    from jaxweight.label import HumanTeacher
+
+    old = HumanTeacher(tmp_path / "a.jsonl", "cartpole", announce=None)
+    url = old.start()
+    browser.get(url)
+    _wait_text(browser, "progress-text", "Preparing")
+    port = old.server.port
+    old.close()
+    new = HumanTeacher(tmp_path / "b.jsonl", "cartpole", announce=None, port=port)
+    try:
+        new.start()
+        assert new.token != old.token
+        text = _wait_text(browser, "final", "restarted")
+        assert "open the new URL printed in the terminal" in text
+        assert browser.execute_script("return document.body.dataset.phase") == "outdated"
+        browser.refresh()
+        assert "open the new url printed in the terminal" in browser.find_element("tag name", "body").text.lower()
+    finally:
+        new.close()
+
+
+def test_a_resumed_run_keeps_the_token_so_the_open_tab_goes_on(browser, web, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    from jaxweight.label import HumanTeacher
+
+    obs = _obs(3, 7)
+    first = HumanTeacher(tmp_path / "labels.jsonl", "cartpole", announce=None, keep_address=True, undo_s=0)
+    url = first.start()
+    asker = Asker(first, 0, obs)
+    browser.get(url)
+    _ready(browser, "0/0")
+    _armed(browser)
+    ActionChains(browser).send_keys(Keys.ARROW_LEFT).perform()
+    _ready(browser, "0/1")
+    first.close()                                                       # the run stops mid-round
+    with pytest.raises(RuntimeError, match="server stopped"):
+        asker.result()
+    again = HumanTeacher(tmp_path / "labels.jsonl", "cartpole", announce=None, keep_address=True, undo_s=0)
+    try:
+        assert again.start() == url
+        asker = Asker(again, 0, obs)
+        for p in (1, 2):
+            _ready(browser, f"0/{p}")                                   # the same tab, no reload
+            _armed(browser)
+            ActionChains(browser).send_keys(Keys.ARROW_RIGHT).perform()
+        prefs, _valid = asker.result()
+        assert prefs.tolist() == [1.0, 0.0, 0.0]
+    finally:
+        again.close()
+
+
+def test_a_narrow_window_keeps_the_clips_side_by_side(browser, teacher, api):
+    asker = Asker(teacher, 0, _obs(1, 8))
+    wait_for_round(api, 0)
+    size = browser.get_window_size()
+    try:
+        for width in (640, 420):
+            browser.set_window_size(width, 800)
+            browser.get(teacher.url)
+            _ready(browser, "0/0")
+            left, right = (browser.find_element("id", i).rect for i in ("left", "right"))
+            assert left["x"] + left["width"] <= right["x"] and abs(left["y"] - right["y"]) < 2, (width, left, right)
+            assert left["width"] >= 120
+            captions = [e.text for e in browser.find_elements("css selector", ".clip figcaption")]
+            assert "Left clip" in captions[0] and "Right clip" in captions[1]
+    finally:
+        browser.set_window_size(size["width"], size["height"])
+    api.label(0, 0, "skip")
     asker.result()

@@ -33,12 +33,16 @@ def test_append_writes_one_json_line_and_fsyncs_before_returning(tmp_path, monke
     assert LabelLog(path).records == [_rec(3, "equal", 2)]
 
 
-def test_round_labels_keep_the_first_answer_of_each_pair(tmp_path):
+def test_round_labels_are_the_latest_line_of_each_pair_and_undone_pairs_have_none(tmp_path):
+    """A revision is a new line that supersedes the old one; "undone" takes the answer back."""
     log = LabelLog(tmp_path / "l.jsonl")
-    for r in (_rec(0), _rec(1, "skip"), _rec(0, "right"), _rec(0, "right", 1)):
+    for r in (_rec(0), _rec(1, "skip"), _rec(2, "equal"), _rec(0, "undone"), _rec(0, "right"), _rec(0, "right", 1),
+              _rec(2, "undone")):
         log.append(r)
     got = LabelLog(tmp_path / "l.jsonl").round_labels(0)
-    assert {p: r.choice for p, r in got.items()} == {0: "left", 1: "skip"}
+    assert {p: r.choice for p, r in got.items()} == {1: "skip", 0: "right"}
+    assert list(got) == [1, 0]                              # in the order the answers stand
+    assert len(LabelLog(tmp_path / "l.jsonl").records) == 7  # nothing is rewritten
 
 
 def test_a_torn_last_line_is_dropped_with_a_warning_and_cut_off(tmp_path, caplog):

@@ -45,22 +45,60 @@ def test_cartpole_clip_is_an_animated_gif_with_one_frame_per_observation():
 
 
 def test_cartpole_draws_the_cart_at_x_and_the_pole_leaning_with_theta():
-    obs = np.array([[-2.0, 0, 0, 0], [2.0, 0, 0, 0], [0.0, 0, 0.6, 0], [0.0, 0, -0.6, 0]], np.float32)
+    obs = np.array([[-2.0, 0, 0, 0], [2.0, 0, 0, 0], [0.0, 0, 0.2, 0], [0.0, 0, -0.2, 0]], np.float32)
     f = _frames(render_clip("cartpole", obs))
     cart = [_where(fr, render.CART)[1].mean() for fr in f[:2]]
     assert cart[0] < WIDTH / 2 - 80 and cart[1] > WIDTH / 2 + 80        # x = -2 left, x = +2 right
     pole_right = _where(f[2], render.POLE)
     pole_left = _where(f[3], render.POLE)
-    assert pole_right[1].mean() > WIDTH / 2 + 10                        # theta > 0 leans right (gym)
-    assert pole_left[1].mean() < WIDTH / 2 - 10
-    assert pole_right[0].max() < 120 and pole_left[0].max() < 120       # both above the track
+    assert pole_right[1].max() > WIDTH / 2 + 8                          # theta > 0 leans right (gym)
+    assert pole_left[1].min() < WIDTH / 2 - 8
+    assert pole_right[0].max() < render._CP_TRACK_Y and pole_left[0].max() < render._CP_TRACK_Y  # above the track
 
 
-def test_cartpole_far_away_cart_is_an_arrow_at_the_edge():
-    f = _frames(render_clip("cartpole", np.array([[50.0, 0, 0, 0], [-1e30, 0, 0, 0]], np.float32)))
-    assert _where(f[0], render.CART)[0].size == 0 and _where(f[1], render.CART)[0].size == 0
-    assert _where(f[0], render.AXLE)[1].min() > WIDTH - 25              # arrow on the right edge
-    assert _where(f[1], render.AXLE)[1].max() < 25                      # and on the left
+def _banner(frame: np.ndarray) -> bool:
+    return bool(np.all(frame[2, :40] == render._PALETTE[render.BANNER]))
+
+
+def test_a_fall_freezes_the_last_live_frame_dimmed_with_the_step_it_fell_at():
+    """Live for 5 steps, then out: frames 5.. are frame 4 again, dimmed, with a banner; the time bar goes on."""
+    obs = np.zeros((11, 4), np.float32)
+    obs[:, 2] = np.linspace(0.0, 0.5, 11)                               # 0.25 rad > 12 degrees from frame 5 on
+    obs[:, 0] = np.linspace(0.0, 1.0, 11)
+    live = render.cartpole_live(obs)
+    assert live.tolist() == [True] * 5 + [False] * 6
+    f = _frames(render_clip("cartpole", obs))
+    assert not any(_banner(fr) for fr in f[:5]) and all(_banner(fr) for fr in f[5:])
+    assert all(_where(fr, render.CART)[0].size > 0 for fr in f[:5])
+    cart_at = [_where(fr, render.CART_DIM)[1].mean() for fr in f[5:]]
+    assert np.ptp(cart_at) == 0 and cart_at[0] == pytest.approx(_where(f[4], render.CART)[1].mean())  # frozen at 4
+    below = lambda fr: fr[:-8]  # noqa: E731 - all but the time bar
+    assert all(np.array_equal(below(f[5]), below(fr)) for fr in f[6:])
+    assert not np.array_equal(f[5][-6:], f[10][-6:])                   # time still runs
+
+
+def test_a_clip_fallen_from_its_start_shows_its_first_frame_dimmed_and_the_view_follows_the_cart():
+    obs = np.zeros((6, 4), np.float32)
+    obs[:, 0] = np.linspace(40.0, 60.0, 6)                              # far off the track, as after a long fall
+    obs[:, 2] = 2.0
+    f = _frames(render_clip("cartpole", obs))
+    for fr in f:
+        ys, xs = _where(fr, render.CART_DIM)
+        assert xs.size > 0 and 0 < xs.min() and xs.max() < WIDTH       # the cart in view, dimmed
+        assert _banner(fr)
+    assert all(np.array_equal(f[0][:-8], fr[:-8]) for fr in f[1:])      # frame 0, frozen
+
+
+def test_the_view_follows_a_cart_past_the_edge_while_it_is_live():
+    """A renderer without ``live`` (every frame live) still keeps the cart in view: the camera moves."""
+    r = get_renderer("cartpole")
+    follow = Renderer("cartpole-free", 4, lambda o: render._frames(o, render._cartpole_one, None,
+                                                                   base=render._cartpole_base), subject_rgb=r.subject_rgb)
+    obs = np.zeros((4, 4), np.float32)
+    obs[:, 0] = [0.0, 3.0, -8.0, 1e30]
+    for fr in _frames(render_clip(follow, obs)):
+        xs = _where(fr, render.CART)[1]
+        assert xs.size > 0 and xs.min() > 0 and xs.max() < WIDTH - 1
 
 
 def test_pendulum_up_is_up_and_positive_theta_turns_counter_clockwise():
@@ -72,6 +110,11 @@ def test_pendulum_up_is_up_and_positive_theta_turns_counter_clockwise():
     assert bob[0][0] < py - 50 and abs(bob[0][1] - px) < 3             # theta 0: straight up
     assert bob[1][0] > py + 50                                          # theta pi: hanging down
     assert bob[2][1] < px - 50 and abs(bob[2][0] - py) < 3             # theta pi/2: to the left (gym)
+
+
+def test_frozen_source_is_the_last_live_frame():
+    live = np.array([0, 1, 1, 0, 0, 1, 0], bool)
+    assert render.frozen_source(live).tolist() == [0, 1, 2, 2, 2, 5, 5]
 
 
 def test_non_finite_observations_draw_a_cross_not_an_error():

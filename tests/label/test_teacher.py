@@ -40,7 +40,8 @@ def test_a_person_who_compares_true_returns_answers_like_the_noiseless_synthetic
     rng = np.random.default_rng(7)
     p, length = 24, 6
     rews = rng.integers(0, 2, size=(p, 2, length)).astype(np.float32)   # CartPole-like 0/1 rewards: ties happen
-    obs = rng.normal(size=(p, 2, length + 1, 4)).astype(np.float32)
+    obs = 0.05 * rng.normal(size=(p, 2, length + 1, 4)).astype(np.float32)
+    obs[:, :, 1:, 2] += np.where(rews == 1, 0.0, 1.0)   # the clips show the rewards: a 0 step is a fallen pole
     pairs = pf.fragment_pairs_from_arrays(obs, np.zeros((p, 2, length), np.int32), rews)
     expected, _ = pf.synthetic_preferences(0, pairs, temperature=0.0)
     expected_valid = pf.synthetic_teacher(0, pairs, temperature=0.0).valid
@@ -49,7 +50,9 @@ def test_a_person_who_compares_true_returns_answers_like_the_noiseless_synthetic
     wait_for_round(api, 5)
     said = _person(api, rews.sum(-1), 5)
     prefs, valid = asker.result()
-    assert {"left", "right", "equal"} <= set(said)
+    ties = int((rews.sum(-1)[:, 0] == rews.sum(-1)[:, 1]).sum())
+    assert set(said) == {"left", "right"} and len(said) == p - ties      # ties are answered equal by the rule
+    assert ties > 0 and teacher.rounds[5]["by_rule"] == ties
     np.testing.assert_array_equal(prefs, np.asarray(expected))
     np.testing.assert_array_equal(valid, np.asarray(expected_valid))
     assert prefs.dtype == np.float32 and prefs.shape == (p,) and valid.dtype == bool
@@ -63,7 +66,7 @@ def test_ask_takes_jax_arrays_and_reports_progress(web, tmp_path):
     with HumanTeacher(tmp_path / "l.jsonl", "pendulum", announce=calls.append, poll_s=0.02,
                       progress=lambda r, n, total: calls.append((r, n, total))) as t:
         api = Api(t.url)
-        asker = Asker(t, 0, jnp.zeros((3, 2, 4, 3)), jnp.asarray([0.9, 0.1, 0.4]))
+        asker = Asker(t, 0, jnp.asarray(random_obs(3, dim=3, frames=4)), jnp.asarray([0.9, 0.1, 0.4]))
         wait_for_round(api, 0)
         for p, c in enumerate(["left", "left", "skip"]):
             assert api.label(0, p, c)[0] == 200
@@ -147,10 +150,13 @@ def test_a_crash_mid_round_loses_no_label_and_the_round_resumes(web, tmp_path, c
         api = Api(url)
         wait_for_round(api, 4)
         for i in range(k):
+            if i == k - 1:                             # a slip, taken back and answered again
+                assert api.label(4, i, "equal")[0] == 200
+                assert api.request("POST", "/api/undo", {"round": 4, "pair": i})[0] == 200
             status, body = api.label(4, i, choices[i])
             assert status == 200, body
             # durable before OK: the line is on disk the moment the page hears it
-            assert len(log_path.read_text().splitlines()) == i + 1
+            assert len(log_path.read_text().splitlines()) == i + 1 + 2 * (i == k - 1)
     finally:
         child.kill()                                   # no clean shutdown: a crash
         child.communicate(timeout=30)
@@ -172,7 +178,9 @@ def test_a_crash_mid_round_loses_no_label_and_the_round_resumes(web, tmp_path, c
     assert prefs.tolist() == [expected[c][0] for c in choices]
     assert valid.tolist() == [expected[c][1] for c in choices]
     lines = [json.loads(x) for x in log_path.read_text().splitlines()]
-    assert [(x["round"], x["pair"], x["choice"]) for x in lines] == [(4, i, c) for i, c in enumerate(choices)]
+    assert [(x["round"], x["pair"], x["choice"]) for x in lines] == (
+        [(4, i, c) for i, c in enumerate(choices[:k - 1])] + [(4, k - 1, "equal"), (4, k - 1, "undone")]
+        + [(4, i, c) for i, c in enumerate(choices) if i >= k - 1])
     assert all(isinstance(x["time"], float) and len(x["digest"]) == 16 for x in lines)
 
 
@@ -185,3 +193,117 @@ def test_tqdm_progress_draws_one_bar_per_round(web, capsys):
     err = capsys.readouterr().err
     assert "labels (round 0)" in err and "3/3" in err
     assert "labels (round 1)" in err and "2/2" in err
+
+
+def test_the_rounds_last_answer_can_be_undone_before_the_loop_takes_the_round(web, tmp_path):
+    from jaxweight.label import HumanTeacher
+
+    with HumanTeacher(tmp_path / "labels.jsonl", "cartpole", announce=None, poll_s=0.02, undo_s=1.5) as t:
+        api = Api(t.url)
+        asker = Asker(t, 0, random_obs(2))
+        wait_for_round(api, 0)
+        assert api.label(0, 0, "left")[0] == 200
+        t0 = time.monotonic()
+        assert api.label(0, 1, "left")[0] == 200                     # the last pair: the round is answered ...
+        time.sleep(0.3)
+        assert asker.thread.is_alive()                                # ... but open for undo_s
+        status, body = api.request("POST", "/api/undo", {"round": 0, "pair": 1})
+        assert status == 200 and body["state"]["pair"] == 1 and not body["state"]["done"]
+        time.sleep(1.6)
+        assert asker.thread.is_alive()                                # an open pair: the round waits for it
+        assert api.label(0, 1, "right")[0] == 200
+        prefs, valid = asker.result(10)
+        assert time.monotonic() - t0 >= 1.5 + 1.6
+        assert prefs.tolist() == [1.0, 0.0] and t.rounds[0] == {"pairs": 2, "asked": 2, "by_rule": 0, "skipped": 0}
+        status, body = api.request("POST", "/api/undo", {"round": 0, "pair": 1})
+        assert status == 409 and "closed" in body["error"]           # taken by the loop: final
+    assert [r.choice for r in t.log.records] == ["left", "left", "undone", "right"]
+
+
+def test_pairs_with_nothing_to_judge_are_announced_and_counted(web, tmp_path):
+    from jaxweight.label import HumanTeacher
+
+    said = []
+    obs = random_obs(4)
+    obs[[0, 2], :, :, 2] += 1.5                                      # both poles down for every step
+    with HumanTeacher(tmp_path / "labels.jsonl", "cartpole", announce=said.append, poll_s=0.02, undo_s=0) as t:
+        api = Api(t.url)
+        asker = Asker(t, 3, obs)
+        s = wait_for_round(api, 3)
+        assert (s["pair"], s["upcoming"], s["by_rule"]) == (1, 3, 2)
+        assert api.label(3, 1, "left")[0] == 200 and api.label(3, 3, "skip")[0] == 200
+        prefs, valid = asker.result()
+    assert prefs.tolist() == [0.5, 1.0, 0.5, 0.5] and valid.tolist() == [True, True, True, False]
+    assert t.rounds == {3: {"pairs": 4, "asked": 2, "by_rule": 2, "skipped": 1}}
+    assert any("round 4: 2 of 4 pairs have nothing to judge" in x and "answered 'equal' by rule" in x for x in said)
+
+
+def test_a_restart_with_keep_address_serves_the_same_url_and_a_fresh_one_a_new_token(web, tmp_path):
+    """The token (and port) kept beside the log, mode 0600: an open tab goes on; without the file: a new token."""
+    import os
+
+    from jaxweight.label import HumanTeacher
+    from jaxweight.label.address import address_path
+
+    log = tmp_path / "labels.jsonl"
+    first = HumanTeacher(log, "cartpole", announce=None, keep_address=True)
+    url = first.start()
+    kept = address_path(log)
+    assert kept.name == "labels.page.json" and os.stat(kept).st_mode & 0o777 == 0o600
+    assert json.loads(kept.read_text()) == {"token": first.token, "port": first.server.port}
+    old = Api(url)
+    first.close()
+    again = HumanTeacher(log, "cartpole", announce=None, keep_address=True)
+    try:
+        assert again.start() == url                                 # same token, same port
+        assert old.state()["round"] is None                         # the open tab's requests work
+    finally:
+        again.close()
+    kept.unlink()                                                   # a fresh run removes it
+    fresh = HumanTeacher(log, "cartpole", announce=None, keep_address=True)
+    try:
+        fresh.start()
+        assert fresh.token != first.token
+        status, body = old.request("GET", "/api/state") if fresh.server.port == old.port else (403, {"code": "token"})
+        assert status == 403 and body["code"] == "token"
+    finally:
+        fresh.close()
+
+
+def test_a_kept_port_that_is_taken_gives_way_to_a_free_one(web, tmp_path):
+    from jaxweight.label import HumanTeacher
+    from jaxweight.label.address import address_path, save_address
+
+    log = tmp_path / "labels.jsonl"
+    with HumanTeacher(tmp_path / "other.jsonl", "cartpole", announce=None) as busy:
+        save_address(address_path(log), "k" * 43, busy.server.port)
+        said = []
+        t = HumanTeacher(log, "cartpole", announce=said.append, keep_address=True)
+        try:
+            url = t.start()
+            assert t.token == "k" * 43 and t.server.port != busy.server.port
+            assert any("is taken" in x for x in said) and any(url in x for x in said)
+        finally:
+            t.close()
+
+
+def test_close_after_finish_waits_for_an_open_page_to_see_it(web, tmp_path):
+    from jaxweight.label import HumanTeacher
+
+    t = HumanTeacher(tmp_path / "labels.jsonl", "cartpole", announce=None)
+    api = Api(t.start())
+    api.state()                                                     # a page is watching
+    t.finish("run finished: results in out/cartpole.json")
+    seen = {}
+
+    def page():
+        time.sleep(0.4)
+        seen.update(api.state())
+
+    import threading
+
+    th = threading.Thread(target=page)
+    th.start()
+    t.close(wait_s=5)
+    th.join()
+    assert seen["phase"] == "finished" and seen["message"] == "run finished: results in out/cartpole.json"

@@ -107,16 +107,20 @@ def test_quick_demo_end_to_end(tmp_path):
 
 
 def test_checkpoint_status_line(tmp_path):
-    """The demo says whether it resumes, overwrites an earlier run's checkpoint, or starts anew."""
+    """The demo says whether it resumes (rounds counted from 1), moves an earlier run's checkpoint aside, or starts
+    anew."""
     from jaxweight import checkpoint
     from jaxweight.preference.driver import CHECKPOINT_NAME
 
     assert demo._checkpoint_status(tmp_path, False, 7) == "[preferences] starting a new run"
     assert "no checkpoint to resume" in demo._checkpoint_status(tmp_path, True, 7)
     checkpoint.save(tmp_path / CHECKPOINT_NAME, {"x": np.zeros(2, np.float32)}, metadata={"rounds_done": 3})
-    assert demo._checkpoint_status(tmp_path, True, 7).startswith("[preferences] resuming after round 3 of 7")
+    assert demo._checkpoint_status(tmp_path, True, 7).startswith(
+        "[preferences] resuming: 3 of 7 rounds done; continuing with round 4 of 7")
     over = demo._checkpoint_status(tmp_path, False, 7)
-    assert "3 of 7 rounds" in over and "will be overwritten" in over and "--resume" in over
+    assert "3 of 7 rounds done" in over and "moved aside" in over and "--resume" in over
+    checkpoint.save(tmp_path / CHECKPOINT_NAME, {"x": np.zeros(2, np.float32)}, metadata={"rounds_done": 7})
+    assert "all 7 rounds are done already" in demo._checkpoint_status(tmp_path, True, 7)
     (tmp_path / CHECKPOINT_NAME).write_bytes(b"garbage")
     assert "cannot be read" in demo._checkpoint_status(tmp_path, True, 7)
 
