@@ -117,8 +117,7 @@ def idle_pairs(renderer: Renderer, obs: Any) -> np.ndarray:
     if renderer.live is None:
         return same
     steps = slice(1, None) if a.shape[2] > 1 else slice(None)
-    live = np.array([[int(np.asarray(renderer.live(a[p, s]), bool)[steps].sum()) for s in (0, 1)]
-                     for p in range(a.shape[0])])  # per fragment: a renderer's live() takes one fragment
+    live = np.asarray(renderer.live(a), bool)[..., steps].sum(-1)          # [P, 2] live steps per fragment
     return same | (live[:, 0] == live[:, 1])
 
 

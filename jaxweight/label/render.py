@@ -86,7 +86,7 @@ class Renderer:
         browsers show delays under 20 ms as 100 ms, so keep it >= 20).
       goal: one sentence telling the person what good behaviour looks like
         (shown above the clips).
-      live: ``live(obs f32[T, D]) -> bool[T]``, the frames where the subject is
+      live: ``live(obs f32[..., T, D]) -> bool[..., T]`` (any leading axes), the frames where the subject is
         in play (CartPole: cart in bounds and pole within 12 degrees, the frames
         that earn reward), or None: every frame. A pair whose two fragments have
         as many live frames after the first has nothing to judge (see
@@ -327,9 +327,10 @@ _CP_CART_W, _CP_CART_H = 0.5 * _CP_SCALE, 0.3 * _CP_SCALE
 
 
 def cartpole_live(obs: np.ndarray) -> np.ndarray:
-    """``bool[T]``: the cart within 2.4 m and the pole within 12 degrees (the frames CartPole pays 1 for)."""
+    """``bool[..., T]`` of ``obs f32[..., T, 4]``: the cart within 2.4 m and the pole within 12 degrees
+    (the frames CartPole pays 1 for)."""
     o = np.asarray(obs, np.float64)
-    return (np.abs(o[:, 0]) <= _CP_X_BOUND) & (np.abs(o[:, 2]) <= _CP_THETA_BOUND)
+    return (np.abs(o[..., 0]) <= _CP_X_BOUND) & (np.abs(o[..., 2]) <= _CP_THETA_BOUND)
 
 
 def _cartpole_camera(x: float) -> float:
