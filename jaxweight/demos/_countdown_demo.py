@@ -341,11 +341,11 @@ def plot(plt, res: dict):
         a_.set_xticks(range(len(labels)), labels, fontsize=8)
         a_.set(title=f"eval {k.replace('_at_', '@')}", xlabel="xDr.GRPO tau")
         a_.legend(fontsize=7)
-    for name, r in arms.items():
-        t = r["trace"]
+    for i, (name, r) in enumerate(arms.items()):
+        t, col = r["trace"], f"C{i}"
         for a_, k in zip(ax[1], ("effective_candidates", "incorrect_mass", "token_entropy")):
-            a_.plot(t["steps"], t[k], label=name)
-        ax[1, 2].plot(t["steps"], t["distinct_at_G"], "--", alpha=0.7, label=f"{name} distinct@G")
+            a_.plot(t["steps"], t[k], color=col, label=name)
+        ax[1, 2].plot(t["steps"], t["distinct_at_G"], "--", color=col, alpha=0.7, label=f"{name} distinct@G")
     for a_, tt in zip(ax[1], ("effective candidates exp H(w) (informative groups)", "incorrect-mass share of w",
                               "token entropy (solid); distinct correct modes per group of G (dashed)")):
         a_.set(title=tt, xlabel="step")
@@ -367,12 +367,12 @@ def plot(plt, res: dict):
                             fmt="s", color="k", capsize=4)
         a_.set_xticks(range(len(pr)), [n.replace("xdr_classmean_tau0.05", "control").replace(" - ", "\n- ")
                                        for n in pr], fontsize=7)
-        a_.set(title=f"paired run differences, eval {k.replace('_at_', '@')} (points); square: mean, t CI95",
-               ylabel="points")
+        a_.set(title=f"eval {k.replace('_at_', '@')}: paired run differences", ylabel="points")
         if k == "mean_at_8":
             a_.legend(fontsize=7)
-    fig.suptitle("final checkpoints; bars: Dr.GRPO's mean + the arm's effect CI95 (filled: seed FE, prompt-clustered; "
-                 "hollow, right: across training runs, t with S - 1 df); small dots: training seeds", fontsize=9)
+    fig.suptitle("final checkpoints; top: bars Dr.GRPO's mean + the arm's effect CI95 (filled: seed FE, prompt-clustered; "
+                 "hollow, right: across training runs, t with S - 1 df), small dots: training seeds; bottom: the primary "
+                 "analysis, one dot per training seed, squares the mean and its t CI95", fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -437,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({res['wall_seconds'] / 60:.1f} minutes) on {res['device']}")
     print(f"wrote {out / 'results.json'}, {out / 'metrics.jsonl'}" + (f", {png}" if png is not None else ""))
     gl = goals(res) if not a.quick else []
-    if not a.quick and not a.sweep and a.arms is None:
+    if not a.quick and cfg == CountdownConfig():        # the budget is the default run's
         gl.append((f"the default run finishes within {BUDGET_SECONDS // 60} minutes (measured "
                    f"{res['wall_seconds']:.0f} s)", res["wall_seconds"] <= BUDGET_SECONDS))
     return _common.finish(gl, a.strict)

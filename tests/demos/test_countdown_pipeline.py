@@ -40,6 +40,7 @@ def _close(a, b):
         np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.fast
 def test_arms_are_array_leaves_of_one_program():
     a = P.arm_params(dataclasses.replace(TINY, arms=P.ARMS, train_seeds=2))
     assert a.tau.shape == a.xdr.shape == (2 * len(P.ARMS),)
@@ -52,6 +53,7 @@ def test_arms_are_array_leaves_of_one_program():
         dataclasses.replace(TINY, arms=("drgrpo", "nope"))
 
 
+@pytest.mark.fast
 def test_class_mean_weights_keep_class_totals_and_spread_them_uniformly():
     w = jnp.asarray([[0.5, 0.3, 0.15, 0.05], [0.9, 0.05, 0.03, 0.02], [0.25, 0.25, 0.25, 0.25]])
     r = jnp.asarray([[1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
@@ -84,6 +86,7 @@ def test_arms_of_a_training_seed_share_the_sampling_keys(tiny):
     assert not np.array_equal(np.asarray(leaf[1]), np.asarray(leaf[0]))
 
 
+@pytest.mark.fast
 def test_paper_pool_is_the_default_and_full_stays_an_option():
     paper = C.candidates()
     assert len(paper) == 787 and paper.target.max() <= 36
@@ -182,7 +185,7 @@ def test_eval_metrics_on_a_hand_built_case():
     np.testing.assert_allclose(out["coverage_at_8"][1][0], 0.0)
 
 
-@pytest.mark.fast
+@pytest.mark.slow
 def test_tiny_run_writes_finite_results(tmp_path):
     """Smoke test (with a few properties): the whole demo at tiny size."""
     res = D.run(TINY, seed=0, out=tmp_path)
