@@ -24,6 +24,13 @@ NAN, INF = math.nan, math.inf
 STRATEGIES = cur.STRATEGIES
 
 
+def _tier(values, fast=1):
+    """A sweep whose first ``fast`` values stay in the fast tier; the rest (one compilation each) run
+    with the whole suite only."""
+    return [v if i < fast else pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=pytest.mark.slow)
+            for i, v in enumerate(values)]
+
+
 # one compilation per strategy (the config is an argument), shared by the tests below
 _draw = jax.jit(lambda st, k, c, t, tt: cur.sample(st, k, c, step=t, total_steps=tt, num=64))
 
@@ -105,7 +112,7 @@ def test_bad_static_config(kwargs, exc, frag):
 
 
 # ======================================================== non-finite scores
-@pytest.mark.parametrize("bad", [NAN, INF, -INF])
+@pytest.mark.parametrize("bad", _tier([NAN, INF, -INF]))
 @pytest.mark.parametrize("how", ["eager", "jit_update", "jit_step"])
 def test_all_invalid_batch_leaves_state_exactly_unchanged(bad, how):
     cfg = cur.config("easy_first", 5, capacity=N, rebin_interval=1)
@@ -184,7 +191,7 @@ def test_nonfinite_progress_refused_eagerly(step, total, fn):
             cur.sample_bin(0, cfg, step=step, total_steps=total, shape=(4,))
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", _tier(STRATEGIES, fast=2))
 @pytest.mark.parametrize("step,total", [(NAN, 10.0), (INF, NAN)])
 def test_nonfinite_progress_under_jit_gives_in_range_ids(strategy, step, total):
     cfg = cur.config(strategy, 5, capacity=N)
@@ -203,7 +210,7 @@ def test_nonfinite_progress_refused_by_checked_jit():
     assert np.all((ids >= 0) & (ids < N))
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", _tier(STRATEGIES, fast=2))
 @pytest.mark.parametrize("field,value", [("temperature", NAN), ("ema_alpha", NAN), ("staleness_coeff", NAN)])
 def test_nan_config_leaves_under_jit_never_give_out_of_range_ids(strategy, field, value):
     """A config bypassing config() (replace / traced sweep) still samples in range, EMAs stay finite."""
@@ -260,7 +267,7 @@ def test_out_of_range_ids_concrete_masked_out_are_padding(call):
 
 
 @pytest.mark.parametrize("call", ["update", "update_groups", "step"])
-@pytest.mark.parametrize("bad_id", [-1, N, 2**20, 2**31 - 1])
+@pytest.mark.parametrize("bad_id", [-1, 2**31 - 1] + _tier([N, 2**20], fast=0))
 def test_out_of_range_ids_traced_are_masked_and_counted(call, bad_id):
     """Under jax.jit the ids are not known: out-of-range ones are skipped (state unchanged for
     them, exactly as if the entry were absent) and counted as n_out_of_range / n_invalid."""
