@@ -183,11 +183,12 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None = None) -> Path:
     """Write ``data`` to ``path`` atomically: temp file in the same folder, fsync, rename.
 
     A crash at any point leaves either the old file or the new one, never a mix.
-    Parent folders are created.
+    Parent folders are created. ``mode``: the file's permissions (e.g. ``0o600`` for a secret);
+    None: what ``open()`` would give (0666 less the umask).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -195,7 +196,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     try:
         with os.fdopen(fd, "wb") as f:
             # mkstemp creates the file 0600; give it the permissions open() would (0666 less the umask)
-            os.fchmod(f.fileno(), 0o666 & ~_umask())
+            os.fchmod(f.fileno(), 0o666 & ~_umask() if mode is None else mode)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -26,8 +26,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
+
+from .._util import atomic_write_bytes
 from typing import Any
 
 __all__ = ["address_path", "load_address", "save_address"]
@@ -62,29 +63,5 @@ def load_address(path: str | os.PathLike) -> dict[str, Any] | None:
 
 def save_address(path: str | os.PathLike, token: str, port: int) -> Path:
     """Write ``{"token", "port"}`` to ``path`` atomically, mode ``0600`` (the folder is created)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
     data = (json.dumps({"token": token, "port": int(port)}) + "\n").encode("utf-8")
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)  # created 0600
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o600)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    try:  # the rename itself durable
-        dfd = os.open(p.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:  # pragma: no cover - platforms without folder fsync
-        pass
-    return p
+    return atomic_write_bytes(path, data, mode=0o600)

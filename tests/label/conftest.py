@@ -9,6 +9,7 @@ step installs them and refuses any skip.
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import shutil
 import threading
@@ -17,6 +18,18 @@ from urllib.parse import quote, urlsplit
 
 import numpy as np
 import pytest
+
+
+def gif_frames(gif: bytes) -> list[np.ndarray]:
+    """The RGB frames of a GIF clip (PIL, imported here: the ``label`` extra)."""
+    from PIL import Image
+
+    im = Image.open(io.BytesIO(gif))
+    out = []
+    for i in range(im.n_frames):
+        im.seek(i)
+        out.append(np.asarray(im.convert("RGB")))
+    return out
 
 
 class Api:

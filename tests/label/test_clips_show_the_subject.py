@@ -12,7 +12,6 @@ pendulum's rod and bob) are in every frame.
 from __future__ import annotations
 
 import functools
-import io
 
 import numpy as np
 import pytest
@@ -22,10 +21,10 @@ pytest.importorskip("gymnax", reason="real rounds need gymnax (the rl extra)")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from PIL import Image  # noqa: E402
 
 from jaxweight.label.board import idle_pairs  # noqa: E402
 from jaxweight.label.render import get_renderer, render_clip  # noqa: E402
+from tests.label.conftest import gif_frames  # noqa: E402
 
 PAIRS, L = 14, 20
 
@@ -71,15 +70,6 @@ def _episodes(env_id: str):
     return env, params, jax.jit(jax.vmap(episode))
 
 
-def _frames(gif: bytes) -> list[np.ndarray]:
-    im = Image.open(io.BytesIO(gif))
-    out = []
-    for i in range(im.n_frames):
-        im.seek(i)
-        out.append(np.asarray(im.convert("RGB")))
-    return out
-
-
 def _shows(frame: np.ndarray, colours) -> bool:
     return any(bool(np.all(frame == np.asarray(c, np.uint8), axis=-1).any()) for c in colours)
 
@@ -92,7 +82,7 @@ def test_every_frame_of_every_clip_of_a_round_shows_the_subject(env_id, seed):
     missing = []
     for p in range(PAIRS):
         for side in (0, 1):
-            frames = _frames(render_clip(r, obs[p, side]))
+            frames = gif_frames(render_clip(r, obs[p, side]))
             assert len(frames) == L + 1
             missing += [(p, side, t) for t, fr in enumerate(frames) if not _shows(fr, r.subject_rgb)]
     assert missing == [], f"frames without the {env_id} subject: {missing[:10]}"

@@ -16,15 +16,7 @@ from PIL import Image  # noqa: E402
 
 from jaxweight.label import render  # noqa: E402
 from jaxweight.label.render import HEIGHT, WIDTH, Renderer, get_renderer, register_renderer, render_clip  # noqa: E402
-
-
-def _frames(gif: bytes) -> list[np.ndarray]:
-    im = Image.open(io.BytesIO(gif))
-    out = []
-    for i in range(im.n_frames):
-        im.seek(i)
-        out.append(np.asarray(im.convert("RGB")))
-    return out
+from tests.label.conftest import gif_frames  # noqa: E402
 
 
 def _where(frame: np.ndarray, colour_index: int) -> tuple[np.ndarray, np.ndarray]:
@@ -46,7 +38,7 @@ def test_cartpole_clip_is_an_animated_gif_with_one_frame_per_observation():
 
 def test_cartpole_draws_the_cart_at_x_and_the_pole_leaning_with_theta():
     obs = np.array([[-2.0, 0, 0, 0], [2.0, 0, 0, 0], [0.0, 0, 0.2, 0], [0.0, 0, -0.2, 0]], np.float32)
-    f = _frames(render_clip("cartpole", obs))
+    f = gif_frames(render_clip("cartpole", obs))
     cart = [_where(fr, render.CART)[1].mean() for fr in f[:2]]
     assert cart[0] < WIDTH / 2 - 80 and cart[1] > WIDTH / 2 + 80        # x = -2 left, x = +2 right
     pole_right = _where(f[2], render.POLE)
@@ -67,7 +59,7 @@ def test_a_fall_freezes_the_last_live_frame_dimmed_with_the_step_it_fell_at():
     obs[:, 0] = np.linspace(0.0, 1.0, 11)
     live = render.cartpole_live(obs)
     assert live.tolist() == [True] * 5 + [False] * 6
-    f = _frames(render_clip("cartpole", obs))
+    f = gif_frames(render_clip("cartpole", obs))
     assert not any(_banner(fr) for fr in f[:5]) and all(_banner(fr) for fr in f[5:])
     assert all(_where(fr, render.CART)[0].size > 0 for fr in f[:5])
     cart_at = [_where(fr, render.CART_DIM)[1].mean() for fr in f[5:]]
@@ -81,7 +73,7 @@ def test_a_clip_fallen_from_its_start_shows_its_first_frame_dimmed_and_the_view_
     obs = np.zeros((6, 4), np.float32)
     obs[:, 0] = np.linspace(40.0, 60.0, 6)                              # far off the track, as after a long fall
     obs[:, 2] = 2.0
-    f = _frames(render_clip("cartpole", obs))
+    f = gif_frames(render_clip("cartpole", obs))
     for fr in f:
         ys, xs = _where(fr, render.CART_DIM)
         assert xs.size > 0 and 0 < xs.min() and xs.max() < WIDTH       # the cart in view, dimmed
@@ -96,7 +88,7 @@ def test_the_view_follows_a_cart_past_the_edge_while_it_is_live():
                                                                    base=render._cartpole_base), subject_rgb=r.subject_rgb)
     obs = np.zeros((4, 4), np.float32)
     obs[:, 0] = [0.0, 3.0, -8.0, 1e30]
-    for fr in _frames(render_clip(follow, obs)):
+    for fr in gif_frames(render_clip(follow, obs)):
         xs = _where(fr, render.CART)[1]
         assert xs.size > 0 and xs.min() > 0 and xs.max() < WIDTH - 1
 
@@ -104,7 +96,7 @@ def test_the_view_follows_a_cart_past_the_edge_while_it_is_live():
 def test_pendulum_up_is_up_and_positive_theta_turns_counter_clockwise():
     th = np.array([0.0, np.pi, np.pi / 2], np.float32)
     obs = np.stack([np.cos(th), np.sin(th), np.zeros(3)], 1)
-    f = _frames(render_clip("pendulum", obs))
+    f = gif_frames(render_clip("pendulum", obs))
     bob = [(_where(fr, render.POLE)[0].mean(), _where(fr, render.POLE)[1].mean()) for fr in f]
     py, px = render._PD_PIVOT[1], render._PD_PIVOT[0]
     assert bob[0][0] < py - 50 and abs(bob[0][1] - px) < 3             # theta 0: straight up
@@ -119,7 +111,7 @@ def test_frozen_source_is_the_last_live_frame():
 
 def test_non_finite_observations_draw_a_cross_not_an_error():
     obs = np.array([[0, 0, 0, 0], [np.nan, 0, 0, 0], [np.inf, 0, 0, 0]], np.float32)
-    f = _frames(render_clip("cartpole", obs))
+    f = gif_frames(render_clip("cartpole", obs))
     assert _where(f[0], render.BOUND)[0].size < 200                    # the bound marks only
     assert _where(f[1], render.BOUND)[0].size > 1000 and _where(f[2], render.BOUND)[0].size > 1000
     assert _where(f[1], render.CART)[0].size == 0
