@@ -15,13 +15,17 @@ al. 2017), on gymnax environments built in (no download):
   (:func:`settings`).
 - ``brax:<name>``: a brax task (``brax:inverted_pendulum``,
   ``brax:inverted_double_pendulum``, ``brax:reacher``; the ``brax`` extra) at
-  horizon 1000, absorbing after termination, with brax's PPO settings
-  (observation normalisation, reward scaling, 2048 environments).
+  horizon 1000, absorbing after termination, with the agent and budget
+  measured best per task (:data:`BRAX_DEFAULTS`).
 
 ``--agent sac`` trains SAC instead of PPO on the ``gymnax:`` and ``brax:`` ids
 with continuous actions (:class:`~jaxweight.preference.generators.SACGenerator`,
 PEBBLE's agent: a replay buffer relabelled with every new reward model;
-:data:`SAC_SETTINGS`), and the true-reward baseline is SAC too.
+:data:`SAC_SETTINGS`), and the true-reward baseline is SAC too. Without
+``--agent`` each brax task gets the agent and budget that measured best on
+this loop (:data:`BRAX_DEFAULTS`: SAC on the pendulums, HalfCheetah and the
+other locomotion tasks, PPO on Reacher); a run that would pass an hour on a
+2-core CPU says so before it starts.
 
 For several seeds at once (``jax.vmap``; the same four compiled programs every round) the
 loop asks a synthetic teacher to compare short fragments of the agent's
@@ -92,6 +96,8 @@ DEFAULT_OUT = "jaxweight-out/preferences/"
 GOAL_RETURN = {"cartpole": 450.0}
 GOAL_ACCURACY = 0.90
 GOAL_WALL_S = 600.0
+#: a full brax run's goal: (learned - random) / (true - random) at the same budget, mean over seeds
+GOAL_NORMALISED = 0.8
 TEACHERS = ("synthetic", "human")
 #: the settings of a run labelled by a person, full and quick: 30 comparisons in round 0, then 8 to 26 a round
 HUMAN_SETTINGS = {False: dict(total_comparisons=300, num_iterations=15), True: dict(total_comparisons=80)}
@@ -175,6 +181,30 @@ AGENTS = ("ppo", "sac")
 SAC_SETTINGS = dict(total_timesteps=300_000, learning_rate=3e-4, gamma=0.99, reward_scaling=1.0,
                     normalize_observations=False, sac_envs=16, sac_buffer=1_000_000, sac_batch=256,
                     sac_updates_per_step=16, sac_learning_starts=10_000)
+#: the agent and budget of a brax task when ``agent`` is not given: the agent that measured best on the
+#: learned-reward loop (SAC where SAC is better) at the budget it was measured at. The table of docs/results/mujoco.md
+#: ("The demo's defaults") names the results file behind each row; ``seed_wall_s`` is that file's wall time on 2
+#: CPU cores per seed (None: not measured), from which a run that would pass an hour says so before it starts. Tasks not listed, and
+#: the gymnax ids, default to PPO. walker2d and ant were never run: SAC by analogy with halfcheetah and hopper.
+BRAX_DEFAULTS = {
+    "inverted_pendulum": dict(agent="sac", total_timesteps=50_000, seed_wall_s=None),
+    "inverted_double_pendulum": dict(agent="sac", total_timesteps=100_000, seed_wall_s=1_677.0),
+    "reacher": dict(agent="ppo", total_timesteps=2_000_000, seed_wall_s=434.0),
+    "halfcheetah": dict(agent="sac", total_timesteps=150_000, seed_wall_s=3_640.0),
+    "hopper": dict(agent="sac", total_timesteps=100_000, seed_wall_s=1_961.0),
+    "walker2d": dict(agent="sac", total_timesteps=100_000, seed_wall_s=None),
+    "ant": dict(agent="sac", total_timesteps=100_000, seed_wall_s=None),
+}
+#: quick (a smoke run of a minute or two) with SAC: few steps, learning from the 2,000th on
+SAC_QUICK = dict(total_timesteps=10_000, sac_learning_starts=2_000)
+
+
+def default_agent(env: str) -> str:
+    """The agent of ``env`` when none is given: :data:`BRAX_DEFAULTS`'s for a brax task, else ``"ppo"``."""
+    family, _, name = str(env).partition(":")
+    return BRAX_DEFAULTS[name]["agent"] if family == "brax" and name in BRAX_DEFAULTS else "ppo"
+
+
 #: brax's published PPO settings per task (brax/training/agents/ppo training configs), the rest as inverted_pendulum's
 BRAX_PPO = {
     "inverted_pendulum": dict(total_timesteps=2_000_000, reward_scaling=10.0, gamma=0.97, learning_rate=3e-4,
@@ -212,7 +242,8 @@ def _generic_base(env: str, quick: bool, agent: str = "ppo") -> dict:
     0.40 (mirror) and on to 0.78 (state alone; 4 seeds, and 0.43 on 4 more).
 
     ``agent="sac"``: :data:`SAC_SETTINGS` over these (continuous actions only;
-    quick: 60,000 steps).
+    quick: :data:`SAC_QUICK`). A task's own agent in :data:`BRAX_DEFAULTS`
+    runs for the budget it was measured at there.
     """
     from jaxweight.rl.envs import make_env
     from gymnax.environments import spaces
@@ -236,11 +267,16 @@ def _generic_base(env: str, quick: bool, agent: str = "ppo") -> dict:
         base.update(BRAX_REWARD_INPUTS.get(name, {}))
         base.update(skip_obs=e.inner.positions)  # the reward model sees the positions, the agent brax's observation
         base.update(reward_mirror=BRAX_REWARD_MIRROR.get(name))
+        if agent == "sac":
+            base.update(SAC_SETTINGS)
+        own = BRAX_DEFAULTS.get(name, {})
+        if own.get("agent") == agent:  # the task's own agent: the budget it was measured at
+            base.update(total_timesteps=own["total_timesteps"])
         if quick:
             base.update(total_timesteps=min(base["total_timesteps"], 500_000), total_comparisons=600,
                         num_iterations=5, ppo_envs=256, ppo_steps=40, ppo_minibatches=8)
-        if agent == "sac":
-            base.update(SAC_SETTINGS, total_timesteps=60_000 if quick else SAC_SETTINGS["total_timesteps"])
+            if agent == "sac":
+                base.update(SAC_QUICK)
         return base
     if discrete:
         base = dict(total_timesteps=1_000_000, total_comparisons=2_000, num_iterations=10, fragment_length=20,
@@ -254,12 +290,12 @@ def _generic_base(env: str, quick: bool, agent: str = "ppo") -> dict:
     if quick:
         base.update(total_timesteps=base["total_timesteps"] // 3, total_comparisons=600, num_iterations=5)
     if agent == "sac":
-        base.update(SAC_SETTINGS, total_timesteps=60_000 if quick else SAC_SETTINGS["total_timesteps"])
+        base.update(SAC_SETTINGS, **(SAC_QUICK if quick else {}))
     return base
 
 
 def settings(env: str = "cartpole", quick: bool = False, seeds: int | None = None, teacher: str = "synthetic",
-             agent: str = "ppo", **overrides: Any) -> Settings:
+             agent: str | None = None, **overrides: Any) -> Settings:
     """The demo's settings for ``env`` (``"cartpole"``, ``"pendulum"``, ``"gymnax:<id>"``, ``"brax:<name>"``).
 
     ``"gymnax:<id>"`` and ``"brax:<name>"`` get generic settings
@@ -283,8 +319,10 @@ def settings(env: str = "cartpole", quick: bool = False, seeds: int | None = Non
     pairs tie and teach nothing. 150 comparisons over 11 rounds, 10 to 19 a
     round, reached 500 in none of 2 seeds.)
 
-    ``agent``: ``"ppo"`` (default) or ``"sac"`` (:data:`SAC_SETTINGS`; the
-    ``"gymnax:"`` and ``"brax:"`` ids with continuous actions).
+    ``agent``: ``"ppo"`` or ``"sac"`` (:data:`SAC_SETTINGS`; the
+    ``"gymnax:"`` and ``"brax:"`` ids with continuous actions); None (default):
+    :func:`default_agent`, the agent that measured best on a brax task
+    (:data:`BRAX_DEFAULTS`), PPO elsewhere.
 
     ``overrides`` replace fields of the result (``total_timesteps``,
     ``total_comparisons``, ``num_iterations``, ``fragment_length``,
@@ -295,6 +333,8 @@ def settings(env: str = "cartpole", quick: bool = False, seeds: int | None = Non
       ValueError: an unknown env, teacher, agent or setting; ``seeds < 1``; ``seeds > 1`` with a human
         teacher; ``agent="sac"`` on discrete actions or a built-in env.
     """
+    if agent is None:
+        agent = default_agent(env)
     if agent not in AGENTS:
         raise ValueError(f"agent must be one of {list(AGENTS)}, got {agent!r}")
     if agent == "sac" and env in ("cartpole", "pendulum"):
@@ -509,8 +549,15 @@ def format_table(res: dict) -> str:
 
 
 def goals(res: dict) -> list[tuple[str, bool]]:
-    """The quality goals of the default run: ``[(description, met)]`` (empty for other envs)."""
+    """The quality goals of the default run: ``[(description, met)]``; a full brax run with its baseline: the
+    mean normalised score >= :data:`GOAL_NORMALISED`; empty for other envs."""
     s = res["settings"]
+    if s["env"].startswith("brax:") and not s["quick"]:
+        score = normalised_score(res)
+        if score is None:
+            return []
+        mean = float(np.nanmean(score))
+        return [(f"mean normalised score {mean:.2f} >= {GOAL_NORMALISED}", mean >= GOAL_NORMALISED)]
     if s["env"] not in GOAL_RETURN:
         return []
     ret = float(np.mean(res["final"]["return"]))
@@ -682,7 +729,7 @@ def _compile_guess(results: Path) -> float:
 def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, out: str | os.PathLike | None = None,
         resume: bool = False, progress: bool = True, baseline: bool | None = None, seed: int = 0, *,
         tensorboard: str | os.PathLike | None = None, resume_override: bool = False,
-        log: Any = print, teacher: str = "synthetic", port: int = 0, agent: str = "ppo", idle: str = "equal",
+        log: Any = print, teacher: str = "synthetic", port: int = 0, agent: str | None = None, idle: str = "equal",
         **overrides: Any) -> dict:
     """Run the demo; returns the results dict (also written to ``out/<env>[_quick].json`` with a PNG plot).
 
@@ -705,7 +752,7 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
       port: the labelling page's port with ``teacher="human"`` (0: any free one).
       idle: with ``teacher="human"``, what pairs with nothing to judge get (both clips up for as many steps,
         e.g. both fallen all along, or identical): ``"equal"`` (the noiseless teacher's tie), ``"skip"`` or ``"ask"``.
-      agent: ``"ppo"`` or ``"sac"`` (see :func:`settings`).
+      agent: ``"ppo"`` or ``"sac"``; None: the env's default (see :func:`settings`).
       **overrides: settings fields (see :func:`settings`).
 
     Raises:
@@ -726,6 +773,9 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
     log(f"[preferences] {env}: {s.seeds} seed{'s' if s.seeds > 1 else ''} x {plan.num_rounds} rounds, {s.total_comparisons} comparisons"
         f"{per_round} of {s.fragment_length}-step fragments by the {s.teacher} teacher, "
         f"{sum(plan.agent_steps):,} agent steps per seed" + (f"; checkpoints in {ckpt}" if ckpt else ""))
+    hours = cpu_hours(s)
+    if hours is not None and jax.default_backend() == "cpu":
+        log(f"[preferences] {hours}")
     labeller = labels = None
     if ckpt is not None:
         log(_checkpoint_status(ckpt, resume, plan.num_rounds))
@@ -851,9 +901,28 @@ def _run(pc, s, plan, env, quick, out, ckpt, tag, resume, progress, baseline, se
     return res
 
 
-def file_tag(env: str, quick: bool = False, agent: str = "ppo") -> str:
-    """The name of a run's files and checkpoint folder: ``env`` with ``:`` as ``-``, ``_sac`` with SAC,
-    ``_quick`` when quick."""
+def cpu_hours(s: Settings) -> str | None:
+    """One line when a brax run at the task's measured settings (:data:`BRAX_DEFAULTS`) passes an hour on 2 CPU
+    cores, or when such a run was never timed; None for a quick run, other settings and other envs."""
+    family, _, name = s.env.partition(":")
+    own = BRAX_DEFAULTS.get(name) if family == "brax" else None
+    if s.quick or own is None or own["agent"] != s.agent or own["total_timesteps"] != s.total_timesteps:
+        return None
+    if own["seed_wall_s"] is None:
+        return (f"{s.env} with {s.agent.upper()} at {s.total_timesteps:,} steps was never timed on a CPU: expect "
+                f"hours on 2 cores for {s.seeds} seeds (a GPU, --seeds 1 or --quick for a smoke run)")
+    est = own["seed_wall_s"] * s.seeds
+    if est <= 3600:
+        return None
+    return (f"{s.env} at these settings took {own['seed_wall_s'] / 60:.0f} min per seed on 2 CPU cores: about "
+            f"{est / 3600:.1f} h for {s.seeds} seeds. It needs a GPU to fit in an hour (--seeds 1 is a quarter, "
+            f"--quick a smoke run of minutes)")
+
+
+def file_tag(env: str, quick: bool = False, agent: str | None = None) -> str:
+    """The name of a run's files and checkpoint folder: ``env`` with ``:`` as ``-``, ``_sac`` with SAC
+    (``agent`` None: :func:`default_agent`'s), ``_quick`` when quick."""
+    agent = default_agent(env) if agent is None else agent
     tag = env.replace(":", "-").replace("/", "-") + ("" if agent == "ppo" else f"_{agent}")
     return f"{tag}_quick" if quick else tag
 
@@ -900,9 +969,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--env", default="cartpole", metavar="ENV",
                     help="cartpole (default), pendulum, gymnax:<id> (any gymnax environment, e.g. gymnax:Acrobot-v1) "
                          "or brax:<name> (e.g. brax:inverted_pendulum; needs pip install 'jaxweight[brax]')")
-    ap.add_argument("--agent", default="ppo", choices=AGENTS,
-                    help="the agent trained on the learned reward (and on the true one for the baseline): ppo "
-                         "(default) or sac (gymnax:/brax: ids with continuous actions; 3e5 steps by default)")
+    ap.add_argument("--agent", default=None, choices=AGENTS,
+                    help="the agent trained on the learned reward (and on the true one for the baseline): ppo or "
+                         "sac (gymnax:/brax: ids with continuous actions). Default: per env, the one measured best "
+                         "(sac on brax:inverted_pendulum, inverted_double_pendulum, halfcheetah, hopper, walker2d, "
+                         "ant; ppo elsewhere)")
     ap.add_argument("--teacher", default="synthetic", choices=TEACHERS,
                     help="who compares the fragments: the synthetic teacher (default) or a person on a labelling "
                          "page whose URL is printed (needs pip install 'jaxweight[label]'; one seed, 16 rounds, "
@@ -983,6 +1054,6 @@ def main(argv: list[str] | None = None) -> int:
     return C.finish(goals(res), args.strict)
 
 
-__all__ = ["EnvIdError", "Settings", "settings", "file_tag", "build", "human_teacher", "evaluate", "true_reward_baseline",
+__all__ = ["EnvIdError", "Settings", "settings", "default_agent", "cpu_hours", "file_tag", "build", "human_teacher", "evaluate", "true_reward_baseline",
            "random_return", "normalised_score", "format_table",
            "goals", "make_figure", "plot", "run", "report", "parser", "main"]

@@ -83,7 +83,7 @@ def test_agent_sac_settings_build_and_errors():
     s = demo.settings("gymnax:MountainCarContinuous-v0", agent="sac")
     assert s.agent == "sac" and s.total_timesteps == demo.SAC_SETTINGS["total_timesteps"]
     assert (s.learning_rate, s.gamma, s.sac_batch) == (3e-4, 0.99, 256) and s.use_action  # the id's reward inputs
-    assert demo.settings("gymnax:MountainCarContinuous-v0", quick=True, agent="sac").total_timesteps == 60_000
+    assert demo.settings("gymnax:MountainCarContinuous-v0", quick=True, agent="sac").total_timesteps == 10_000
     pc = demo.build(demo.settings("gymnax:MountainCarContinuous-v0", agent="sac", sac_buffer=4_096, horizon=50))
     gen = pc.generator
     assert isinstance(gen, SACGenerator) and gen.reward_apply is not None

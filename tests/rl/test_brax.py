@@ -119,29 +119,60 @@ def test_demo_settings_for_brax_ids():
     assert r.use_action and r.use_next_state and r.normalize_observations and r.reward_scaling == 5.0
     assert r.absorbing_bootstrap
     assert (r.gamma, r.ent_coef, r.ppo_envs * r.ppo_steps // r.ppo_minibatches) == (0.95, 1e-3, 5120)
-    ip = demo.settings("brax:inverted_pendulum", quick=True)
+    ip = demo.settings("brax:inverted_pendulum", quick=True, agent="ppo")
     assert ip.reward_scaling == 10.0 and ip.fragment_length <= 1000 and not ip.use_action
     assert not ip.use_next_state and not demo.settings("brax:inverted_double_pendulum").use_next_state  # the state
-    assert demo.file_tag("brax:inverted_pendulum") == "brax-inverted_pendulum"
+    assert demo.file_tag("brax:inverted_pendulum", agent="ppo") == "brax-inverted_pendulum"
     # brax's PPO choices (no gradient clipping, ratio clip 0.3, tanh-squashed Gaussian, std per state) reach the agent
     assert (ip.max_grad_norm, ip.clip_eps, ip.tanh_squash, ip.state_dependent_std) == (None, 0.3, True, True)
-    gen = demo.build(demo.settings("brax:inverted_pendulum", quick=True, horizon=H, fragment_length=4)).generator
+    gen = demo.build(demo.settings("brax:inverted_pendulum", quick=True, agent="ppo", horizon=H,
+                                   fragment_length=4)).generator
     assert (gen.config.max_grad_norm, gen.config.tanh_squash, gen.config.state_dependent_std) == (None, True, True)
     assert float(gen.hparams.clip_eps) == pytest.approx(0.3)
-    hc = demo.settings("brax:halfcheetah")  # brax's halfcheetah: unroll 20 x 8, minibatches of 10,240, 8 epochs
+    hc = demo.settings("brax:halfcheetah", agent="ppo")  # brax's halfcheetah: unroll 20 x 8, minibatches of 10,240, 8 epochs
     assert (hc.gamma, hc.reward_scaling, hc.ppo_epochs, hc.ppo_envs * hc.ppo_steps // hc.ppo_minibatches) == (
         0.95, 1.0, 8, 10240)
     assert hc.skip_obs == 1 and ip.skip_obs == 0  # the agent sees brax's observation, the reward model the x too
     assert hc.reward_mirror is ip.reward_mirror is r.reward_mirror is None  # a mirror only where the table has one
-    # --agent sac: SAC's settings over the task's (reward inputs, skip_obs, mirror), its budget, quick or not
+    # --agent sac: SAC's settings over the task's (reward inputs, skip_obs, mirror), the budget measured with
+    # the task's own agent (BRAX_DEFAULTS), quick or not
     sac = demo.settings("brax:inverted_double_pendulum", agent="sac")
     assert (sac.agent, sac.total_timesteps, sac.sac_buffer, sac.sac_batch, sac.learning_rate) == (
-        "sac", 300_000, 1_000_000, 256, 3e-4)
+        "sac", 100_000, 1_000_000, 256, 3e-4)
+    assert demo.settings("brax:reacher", agent="sac").total_timesteps == demo.SAC_SETTINGS["total_timesteps"]
     assert (sac.gamma, sac.reward_scaling, sac.normalize_observations) == (0.99, 1.0, False)
     assert sac.sac_envs * 1 == sac.sac_updates_per_step == 16  # one gradient step per transition
     assert sac.reward_mirror == demo.BRAX_REWARD_MIRROR["inverted_double_pendulum"] and not sac.use_next_state
     assert demo.settings("brax:halfcheetah", agent="sac").skip_obs == 1
-    assert demo.settings("brax:hopper", agent="sac", quick=True).total_timesteps == 60_000
+    assert demo.settings("brax:hopper", agent="sac", quick=True).total_timesteps == demo.SAC_QUICK["total_timesteps"]
+
+
+def test_demo_defaults_per_brax_task():
+    """Without ``agent`` each brax task gets the agent and budget of :data:`BRAX_DEFAULTS` (SAC where it measured
+    better), the gymnax ids PPO; a given agent overrides it, and a run past an hour on 2 CPU cores says so."""
+    from jaxweight.demos import preferences as demo
+
+    for name, own in demo.BRAX_DEFAULTS.items():
+        s = demo.settings(f"brax:{name}")
+        assert (s.agent, s.total_timesteps) == (own["agent"], own["total_timesteps"]), name
+        assert demo.file_tag(f"brax:{name}") == f"brax-{name}" + ("_sac" if own["agent"] == "sac" else "")
+    assert demo.default_agent("brax:reacher") == "ppo" and demo.default_agent("brax:humanoid") == "ppo"
+    assert demo.default_agent("gymnax:Pendulum-v1") == demo.default_agent("cartpole") == "ppo"
+    # --agent overrides: PPO on InvertedPendulum is brax's published budget, not SAC's
+    ppo = demo.settings("brax:inverted_pendulum", agent="ppo")
+    assert (ppo.agent, ppo.total_timesteps) == ("ppo", demo.BRAX_PPO["inverted_pendulum"]["total_timesteps"])
+    assert demo.settings("brax:inverted_pendulum", total_timesteps=7_000).total_timesteps == 7_000
+    # quick: a smoke run of minutes with either agent
+    q = demo.settings("brax:halfcheetah", quick=True)
+    assert (q.agent, q.total_timesteps, q.sac_learning_starts) == ("sac", 10_000, 2_000)
+    assert demo.settings("brax:reacher", quick=True).total_timesteps == 500_000
+    # the hour line: measured HalfCheetah (61 min a seed) passes an hour with 4 seeds, Reacher does not
+    line = demo.cpu_hours(demo.settings("brax:halfcheetah"))
+    assert line is not None and "needs a GPU to fit in an hour" in line and "4.0 h for 4 seeds" in line
+    assert demo.cpu_hours(demo.settings("brax:reacher")) is None
+    assert demo.cpu_hours(demo.settings("brax:halfcheetah", quick=True)) is None
+    assert demo.cpu_hours(demo.settings("brax:halfcheetah", total_timesteps=1_000)) is None  # not the measured one
+    assert "never timed" in demo.cpu_hours(demo.settings("brax:walker2d"))
 
 
 @pytest.mark.filterwarnings("ignore:Accessing `:DeprecationWarning")  # mujoco's, while brax's own step is traced
