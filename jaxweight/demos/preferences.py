@@ -187,7 +187,7 @@ SAC_SETTINGS = dict(total_timesteps=300_000, learning_rate=3e-4, gamma=0.99, rew
 #: CPU cores per seed (None: not measured), from which a run that would pass an hour says so before it starts. Tasks not listed, and
 #: the gymnax ids, default to PPO. walker2d and ant were never run: SAC by analogy with halfcheetah and hopper.
 BRAX_DEFAULTS = {
-    "inverted_pendulum": dict(agent="sac", total_timesteps=50_000, seed_wall_s=None),
+    "inverted_pendulum": dict(agent="sac", total_timesteps=100_000, seed_wall_s=None),
     "inverted_double_pendulum": dict(agent="sac", total_timesteps=100_000, seed_wall_s=1_677.0),
     "reacher": dict(agent="ppo", total_timesteps=2_000_000, seed_wall_s=434.0),
     "halfcheetah": dict(agent="sac", total_timesteps=150_000, seed_wall_s=3_640.0),
