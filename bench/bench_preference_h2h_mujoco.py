@@ -71,7 +71,8 @@ def _settings(sizes: dict, seeds: int = 1):
     from jaxweight.demos import preferences as D  # noqa: PLC0415
 
     sizes = dict(sizes)
-    return D.settings(ENV, quick=sizes.pop("quick"), seeds=max(seeds, 1), **sizes)
+    # PPO on both sides (the demo's default agent for ENV is SAC since: BRAX_DEFAULTS)
+    return D.settings(ENV, quick=sizes.pop("quick"), seeds=max(seeds, 1), agent="ppo", **sizes)
 
 
 # ------------------------------------------------------------ the two loops (fresh processes)

@@ -185,7 +185,7 @@ def _seeds_run(env: str, seeds: int, quick: bool) -> dict:
 
     from jaxweight.demos import preferences as D
 
-    s = D.settings(env, quick=quick, seeds=seeds)
+    s = D.settings(env, quick=quick, seeds=seeds, agent="ppo")  # the PPO loop's seeds (the part's rows)
     pc = D.build(s)
     t0 = time.perf_counter()
     pc.train(0, s.total_timesteps, s.total_comparisons, num_seeds=seeds, progress=False)

@@ -18,7 +18,7 @@ from jaxweight.preference.loop import learned_reward_fn, AgentReward
 
 out = sys.argv[1]
 fresh = int(sys.argv[sys.argv.index("--fresh-agent") + 1]) if "--fresh-agent" in sys.argv else None
-s = demo.settings("brax:inverted_pendulum")
+s = demo.settings("brax:inverted_pendulum", agent="ppo")  # the PPO run this diagnosis is of
 pc = demo.build(s)
 pc.train(0, s.total_timesteps, s.total_comparisons, num_seeds=s.seeds, checkpoint_dir=f"{out}/checkpoints/brax-inverted_pendulum", resume=True)
 st = pc.state
