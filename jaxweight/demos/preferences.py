@@ -908,15 +908,17 @@ def cpu_hours(s: Settings) -> str | None:
     own = BRAX_DEFAULTS.get(name) if family == "brax" else None
     if s.quick or own is None or own["agent"] != s.agent or own["total_timesteps"] != s.total_timesteps:
         return None
+    seeds = f"{s.seeds} seed{'s' if s.seeds > 1 else ''}"
+    fewer = f"--seeds 1 about 1/{s.seeds} of it, " if s.seeds > 1 else ""
     if own["seed_wall_s"] is None:
         return (f"{s.env} with {s.agent.upper()} at {s.total_timesteps:,} steps was never timed on a CPU: expect "
-                f"hours on 2 cores for {s.seeds} seeds (a GPU, --seeds 1 or --quick for a smoke run)")
+                f"hours on 2 cores for {seeds} (a GPU, {fewer}or --quick for a smoke run of minutes)")
     est = own["seed_wall_s"] * s.seeds
     if est <= 3600:
         return None
     return (f"{s.env} at these settings took {own['seed_wall_s'] / 60:.0f} min per seed on 2 CPU cores: about "
-            f"{est / 3600:.1f} h for {s.seeds} seeds. It needs a GPU to fit in an hour (--seeds 1 is a quarter, "
-            f"--quick a smoke run of minutes)")
+            f"{est / 3600:.1f} h for {seeds}. It needs a GPU to fit in an hour ({fewer}--quick a smoke run of "
+            f"minutes)")
 
 
 def file_tag(env: str, quick: bool = False, agent: str | None = None) -> str:
