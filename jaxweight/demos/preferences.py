@@ -187,12 +187,12 @@ SAC_SETTINGS = dict(total_timesteps=300_000, learning_rate=3e-4, gamma=0.99, rew
 #: CPU cores per seed (None: not measured), from which a run that would pass an hour says so before it starts. Tasks not listed, and
 #: the gymnax ids, default to PPO. walker2d and ant were never run: SAC by analogy with halfcheetah and hopper.
 BRAX_DEFAULTS = {
-    "inverted_pendulum": dict(agent="sac", total_timesteps=100_000, seed_wall_s=None),
+    "inverted_pendulum": dict(agent="sac", total_timesteps=100_000, seed_wall_s=1_174.0),
     "inverted_double_pendulum": dict(agent="sac", total_timesteps=100_000, seed_wall_s=1_677.0),
     "reacher": dict(agent="ppo", total_timesteps=2_000_000, seed_wall_s=434.0),
     "halfcheetah": dict(agent="sac", total_timesteps=150_000, seed_wall_s=3_640.0),
     "hopper": dict(agent="sac", total_timesteps=100_000, seed_wall_s=1_961.0),
-    "walker2d": dict(agent="sac", total_timesteps=100_000, seed_wall_s=None),
+    "walker2d": dict(agent="sac", total_timesteps=100_000, seed_wall_s=1_839.0),
     "ant": dict(agent="sac", total_timesteps=100_000, seed_wall_s=None),
 }
 #: quick (a smoke run of a minute or two) with SAC: few steps, learning from the 2,000th on
@@ -761,6 +761,7 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
       jaxweight.StateFileError: a damaged checkpoint or label log with ``resume``.
     """
     t0 = time.perf_counter()
+    commit = C.provenance()["commit"]  # the code this run imported: a commit made while it runs is not it
     s = settings(env, quick, seeds, teacher, agent, **overrides)
     human = s.teacher == "human"
     if human and out is None:
@@ -801,7 +802,7 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
         log(f"[preferences] labels are saved to {labels}" + (f" ({given} lines given before)" if given else ""))
     try:
         return _run(pc, s, plan, env, quick, out, ckpt, tag, resume, progress, baseline, seed, tensorboard,
-                    resume_override, log, port, labeller, labels, t0)
+                    resume_override, log, port, labeller, labels, t0, commit)
     except KeyboardInterrupt:
         if labeller is not None:
             labeller.stopped(f"run stopped (Ctrl-C): labels kept in {labels}; run again with --resume to continue")
@@ -812,7 +813,7 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
 
 
 def _run(pc, s, plan, env, quick, out, ckpt, tag, resume, progress, baseline, seed, tensorboard, resume_override,
-         log, port, labeller, labels, t0) -> dict:
+         log, port, labeller, labels, t0, commit=None) -> dict:
     """The body of :func:`run` once the teacher is made (the page, if any, is closed by the caller)."""
     timer = C.Timer()
     writer = None
@@ -890,6 +891,8 @@ def _run(pc, s, plan, env, quick, out, ckpt, tag, resume, progress, baseline, se
         "jax_version": jax.__version__,
         **C.provenance(),
     }
+    if commit is not None and commit != res["commit"]:  # the checkout changed while the run ran
+        res.update(commit=commit, commit_at_end=res["commit"])
     if out is not None:
         out = Path(out)
         res["json"] = str(out / f"{tag}.json")

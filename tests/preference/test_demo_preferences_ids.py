@@ -109,15 +109,21 @@ def test_agent_flag_is_checked_by_argparse(capsys):
 
 
 @pytest.mark.slow
-def test_tiny_sac_run_on_a_gymnax_id(tmp_path):
+def test_tiny_sac_run_on_a_gymnax_id(tmp_path, monkeypatch):
     """``--agent sac`` end to end at tiny sizes: the results file says which agent and the returns are
-    Pendulum's (in [-16.3 H, 0]); a report with a baseline names SAC's."""
+    Pendulum's (in [-16.3 H, 0]); a report with a baseline names SAC's. A commit made while the run
+    runs is recorded apart: ``commit`` is the code the run started with."""
+    from jaxweight.demos import _common as C
+
+    real, commits = C.provenance, iter(["aaa111", "bbb222"])
+    monkeypatch.setattr(C, "provenance", lambda: dict(real(), commit=next(commits)))
     res = demo.run("gymnax:Pendulum-v1", quick=True, seeds=1, out=tmp_path, progress=False, baseline=False,
                    log=lambda *_: None, agent="sac", horizon=20, total_timesteps=640, total_comparisons=40,
                    num_iterations=1, fragment_length=5, heldout_steps=100, heldout_pairs=50, final_episodes=2,
                    eval_episodes=2, sac_buffer=1_024, sac_learning_starts=64, sac_hidden=(16, 16))
     saved = json.loads((tmp_path / "gymnax-Pendulum-v1_sac_quick.json").read_text())
     assert saved["settings"]["agent"] == "sac" and saved["settings"]["sac_hidden"] == [16, 16]
+    assert (saved["commit"], saved["commit_at_end"]) == ("aaa111", "bbb222")
     for r in (saved["final"]["return"][0], saved["random_return"][0]):
         assert -16.3 * 20 <= r <= 0.0
     text = demo.report(dict(res, baseline_return=np.array([-50.0])))

@@ -172,7 +172,7 @@ def test_demo_defaults_per_brax_task():
     assert demo.cpu_hours(demo.settings("brax:reacher")) is None
     assert demo.cpu_hours(demo.settings("brax:halfcheetah", quick=True)) is None
     assert demo.cpu_hours(demo.settings("brax:halfcheetah", total_timesteps=1_000)) is None  # not the measured one
-    assert "never timed" in demo.cpu_hours(demo.settings("brax:walker2d"))
+    assert "never timed" in demo.cpu_hours(demo.settings("brax:ant"))
 
 
 @pytest.mark.filterwarnings("ignore:Accessing `:DeprecationWarning")  # mujoco's, while brax's own step is traced
