@@ -182,10 +182,11 @@ SAC_SETTINGS = dict(total_timesteps=300_000, learning_rate=3e-4, gamma=0.99, rew
                     normalize_observations=False, sac_envs=16, sac_buffer=1_000_000, sac_batch=256,
                     sac_updates_per_step=16, sac_learning_starts=10_000)
 #: the agent and budget of a brax task when ``agent`` is not given: the agent that measured best on the
-#: learned-reward loop (SAC where SAC is better) at the budget it was measured at. The table of docs/results/mujoco.md
-#: ("The demo's defaults") names the results file behind each row; ``seed_wall_s`` is that file's wall time on 2
-#: CPU cores per seed (None: not measured), from which a run that would pass an hour says so before it starts. Tasks not listed, and
-#: the gymnax ids, default to PPO. walker2d and ant were never run: SAC by analogy with halfcheetah and hopper.
+#: learned-reward loop (SAC where SAC is better) at the budget it was measured at. The table of
+#: docs/results/mujoco.md ("The demo's defaults") names the results file behind each row; ``seed_wall_s`` is that
+#: file's wall time on 2 CPU cores per seed (None: never timed), from which a run that would pass an hour says so
+#: before it starts. Tasks not listed, and the gymnax ids, default to PPO. walker2d and ant get SAC by analogy
+#: with halfcheetah and hopper (PPO was never run on them; ant's quick run diverges, see the table).
 BRAX_DEFAULTS = {
     "inverted_pendulum": dict(agent="sac", total_timesteps=100_000, seed_wall_s=1_174.0),
     "inverted_double_pendulum": dict(agent="sac", total_timesteps=100_000, seed_wall_s=1_677.0),
@@ -195,7 +196,7 @@ BRAX_DEFAULTS = {
     "walker2d": dict(agent="sac", total_timesteps=100_000, seed_wall_s=1_839.0),
     "ant": dict(agent="sac", total_timesteps=100_000, seed_wall_s=None),
 }
-#: quick (a smoke run of a minute or two) with SAC: few steps, learning from the 2,000th on
+#: quick with SAC: a smoke run of minutes (InvertedPendulum: 241 s on 2 cores), learning from the 2,000th step on
 SAC_QUICK = dict(total_timesteps=10_000, sac_learning_starts=2_000)
 
 
