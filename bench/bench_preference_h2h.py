@@ -65,6 +65,10 @@ EVAL_EPISODES = 8
 PYTHON_VAR = "JAXWEIGHT_IMITATION_PYTHON"
 
 
+#: the CPU core a worker pins itself to (:func:`start`'s ``core``)
+CORE_VAR = "JAXWEIGHT_BENCH_CORE"
+
+
 def imitation_python() -> str:
     """The interpreter that runs imitation's side: ``$JAXWEIGHT_IMITATION_PYTHON`` or this one."""
     return os.environ.get(PYTHON_VAR) or sys.executable
@@ -201,6 +205,8 @@ def entry(workers: dict, run) -> None:
     """The command line of a head-to-head script: ``--worker NAME SIZES N`` runs ``workers[NAME](SIZES, N)`` and
     prints its JSON result (what :func:`spawn` reads); otherwise the bench (``--quick``, ``--json P``)."""
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        if os.environ.get(CORE_VAR):
+            os.sched_setaffinity(0, {int(os.environ[CORE_VAR])})
         print(json.dumps(workers[sys.argv[2]](json.loads(sys.argv[3]), int(sys.argv[4]))))
     else:
         from _common import main  # noqa: PLC0415
@@ -208,10 +214,11 @@ def entry(workers: dict, run) -> None:
         main(run)
 
 
-def spawn(name: str, sizes: dict, n: int, cache: str | None, timeout: int = 7200, *, script: str | Path = __file__,
-          python: str = sys.executable) -> dict:
-    """Run ``script --worker name sizes n`` with ``python`` in a fresh process (JAX's persistent compilation cache
-    off, or in ``cache``); the worker's last stdout line is its JSON result."""
+def start(name: str, sizes: dict, n: int, cache: str | None, *, script: str | Path = __file__,
+          python: str = sys.executable, core: int | None = None, show: bool = False) -> subprocess.Popen:
+    """Start ``script --worker name sizes n`` with ``python`` in a fresh process (JAX's persistent compilation
+    cache off, or in ``cache``; pinned to CPU ``core`` if given; its stderr shown as it comes with ``show``, else
+    kept for the error); :func:`finish` reads its result."""
     env = dict(os.environ)
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     if cache is None:
@@ -219,11 +226,29 @@ def spawn(name: str, sizes: dict, n: int, cache: str | None, timeout: int = 7200
     else:
         env.update(JAX_ENABLE_COMPILATION_CACHE="true", JAX_COMPILATION_CACHE_DIR=cache,
                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-    r = subprocess.run([python, str(script), "--worker", name, json.dumps(sizes), str(n)], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=timeout)
-    if r.returncode != 0:
-        raise RuntimeError(f"{name} worker failed:\n{r.stderr[-3000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    if core is not None:
+        env[CORE_VAR] = str(core)  # the worker pins itself first thing (no preexec_fn: JAX is multithreaded)
+    return subprocess.Popen([python, str(script), "--worker", name, json.dumps(sizes), str(n)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=None if show else subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: int = 7200) -> dict:
+    """The JSON result of a worker :func:`start` started (its last stdout line)."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    if proc.returncode != 0:
+        raise RuntimeError(f"worker {proc.args[3]} failed:\n" + ("(its stderr is above)" if err is None else err[-3000:]))
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def spawn(name: str, sizes: dict, n: int, cache: str | None, timeout: int = 7200, *, script: str | Path = __file__,
+          python: str = sys.executable) -> dict:
+    """Run ``script --worker name sizes n`` with ``python`` in a fresh process (:func:`start`) and wait for its
+    JSON result."""
+    return finish(start(name, sizes, n, cache, script=script, python=python), timeout)
 
 
 # ----------------------------------------------------------------------- run

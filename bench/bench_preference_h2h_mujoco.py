@@ -1,40 +1,46 @@
-"""Head-to-head on a MuJoCo-class task: imitation's preference-comparisons loop (imitation + stable-baselines3 on
-MuJoCo) against jaxweight's (brax), one after the other, on InvertedPendulum at a fixed horizon of 1000.
+"""Head-to-head on a MuJoCo-class task where both sides learn: imitation's preference-comparisons loop (imitation
+1.0.1 + stable-baselines3 SAC on MuJoCo) against jaxweight's (SAC on brax), on InvertedPendulum at a fixed horizon
+of 1000, both with the demo's defaults for ``brax:inverted_pendulum``.
 
-The cheapest MuJoCo-class task both can run, from the original paper's eight (Christiano et al. 2017). seals has
-no InvertedPendulum, so imitation's side gets the seals treatment by hand: gymnasium's ``InvertedPendulum-v4``
-(MuJoCo) inside seals' ``AbsorbAfterDoneWrapper`` (after the pole falls the episode absorbs: the terminal
-observation repeats, reward 0) and a 1000-step ``TimeLimit``. jaxweight's side is ``brax:inverted_pendulum`` (the
-same model in brax, the same fixed horizon and absorbing end: :mod:`jaxweight.rl.brax_envs`).
+The measure, per seed: the wall time until the learned-reward agent first reaches 0.8 of its own true-reward
+baseline, and the final normalised score. A round's evaluation (8 episodes of the stochastic policy on the true
+reward, after the round's agent training) reaches it when ``(return - random) / (baseline - random) >= 0.8``; the
+time is the loop's wall clock at the end of that round, compilation and the per-round evaluations included (the
+granularity is a round: 1e4 agent steps). Each side's baseline is its own agent trained on the true reward for the
+same number of steps in the same process after the loop, its final return over 32 episodes; ``random`` is a
+uniformly random policy's. The final score uses the learned-reward agent's final return over 32 episodes.
 
-Budget, both sides: the demo's settings of ``brax:inverted_pendulum``: 2e6 agent steps, 2,000 comparisons, 11
-rounds (``num_iterations=10``), 50-step fragments, a 3-member bagged ensemble of (32, 32) MLPs on (state, next
-state) trained with AdamW (lr 1e-3, batch 32, one epoch, 200x on round 0), a teacher answering with the
-Bradley-Terry probability (``sample=False``), PPO with 512 environments x 80 steps, 8 minibatches, 4 epochs,
-(64, 64) tanh actor and critic, lr 3e-4 annealed linearly over the run, gamma 0.97, GAE 0.95, entropy 0.01, ratio
-clip 0.3, no gradient clipping. What stays different: jaxweight's agent keeps the rest of its brax settings
-(observation normalisation, reward scaling 10, the tanh-squashed Gaussian with a std per state, the absorbing
-bootstrap: the demo's); SB3's PPO keeps its own (raw observations and rewards, a state-independent std, actions
-clipped to the box). Each side is judged by its own agent's final true return, so those differences count in the
-quality column, not in the time.
+Environments (the physics differ): seals has no InvertedPendulum, so imitation's side gets the seals treatment by
+hand: gymnasium's ``InvertedPendulum-v4`` (MuJoCo 3.1, the C engine: 2 substeps of 0.02 s per action, reset noise
+0.01) inside seals' ``AbsorbAfterDoneWrapper`` (after the pole falls past 0.2 rad the episode absorbs: the terminal
+observation repeats) and a 1000-step ``TimeLimit``. jaxweight's side is ``brax:inverted_pendulum``: the same MJCF
+model stepped by brax's generalised pipeline in JAX (its own integrator and contact solver, 2 substeps per action,
+the same reset noise and fall test), in :mod:`jaxweight.rl.brax_envs`' fixed horizon with the same absorbing end.
+The task, horizon, reward (1 per step upright) and random baseline agree; the trajectories of one action sequence
+do not agree bit for bit.
 
-Rows (time = the loop's wall time, compilation included):
+Budget, both sides (``demo preferences --env brax:inverted_pendulum`` with no other flag): 1e5 agent steps in 11
+rounds (``num_iterations=10``; imitation trains the agent in K + 1 rounds, 1.1e5 steps in all), 2,000 comparisons
+on the hyperbolic schedule, 50-step fragments, a 3-member bagged ensemble of (32, 32) MLPs on the state trained with
+AdamW (lr 1e-3, batch 32, one epoch, 200x on round 0), a teacher answering with the Bradley-Terry probability
+(``sample=False``); SAC with 16 environments, one gradient step per environment step (16 after each vectorised
+step), batch 256, a 1e6 replay buffer, 10,000 uniformly random transitions first, (256, 256) ReLU actor and twin
+critics, Adam lr 3e-4, gamma 0.99, tau 0.005, the temperature learned from 1.0 towards entropy -|A|. What stays
+different: jaxweight's SAC relabels each replayed minibatch with the current reward model (PEBBLE's relabelling)
+and bootstraps through the absorbing end as the demo does; SB3's replay keeps the reward each transition had when it
+was collected (imitation's ``RewardVecEnvWrapper``) and bootstraps at the time limit. Each side is judged against its
+own agent's true-reward baseline, so these differences count in the quality column, not in the time.
 
-1. ``loop, 1 seed, cold``: imitation's one seed against jaxweight's one seed.
-2. ``loop, 4 vmapped seeds, cold (per seed)``: imitation's one seed against jaxweight's four vmapped seeds / 4.
-3. ``loop, 4 vmapped seeds, warm cache (per seed)``: the same in a second fresh process with the persistent
-   compilation cache the first one filled.
-
-Each row reports both final true returns (the last round's evaluation: 8 episodes of the stochastic policy per
-seed; 1000 is the maximum) and a uniformly random policy's. The issue's goal for this row is "state the ratio as
-measured on this CPU" (>= 10x per seed on a GPU, where imitation does not run).
+The two sides run at the same time in fresh processes, each pinned to one of the machine's cores (with fewer than
+two cores, one after the other), cold: JAX's persistent compilation cache off. One row per seed compares the time
+to 0.8 (``ratio`` = imitation's / jaxweight's); a last row the whole loop's wall.
 
 The rows run only when ``imitation``, ``stable_baselines3``, ``seals``, ``torch``, ``mujoco`` and ``brax`` are
 importable (imitation's side: ``pip install imitation==1.0.1 torch==2.13.0 'mujoco<3.2' imageio`` in an
-environment of its own; jaxweight's: the ``brax`` extra). ``--quick``: 2e4 steps, 100 comparisons, 3 rounds, 16
-environments; no ratio judged.
+environment of its own, named by ``$JAXWEIGHT_IMITATION_PYTHON``; jaxweight's: the ``brax`` extra). ``--quick``: the
+demo's quick SAC settings (1e4 steps, 2,000 random transitions first), 100 comparisons, 3 rounds; no goal judged.
 
-``python bench/bench_preference_h2h_mujoco.py [--quick] [--json P]`` or
+``python bench/bench_preference_h2h_mujoco.py [--quick] [--json P]`` (``run(seeds=N)`` for N seeds a side) or
 ``python -m jaxweight bench --only preference_h2h_mujoco``.
 """
 
@@ -42,8 +48,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import sys
-import tempfile
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -53,9 +60,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common and bench_pr
 MODULE = "preference_h2h_mujoco"
 ENV = "brax:inverted_pendulum"
 HORIZON = 1000
-FULL = dict(quick=False)  # the demo's settings of ENV (the docstring's budget)
-QUICK = dict(quick=True, total_timesteps=20_000, total_comparisons=100, num_iterations=2, ppo_envs=16, ppo_steps=40,
-             ppo_minibatches=4, heldout_steps=2_000)
+TARGET = 0.8  # the fraction of its own true-reward baseline a side must reach
+FULL = dict(quick=False)  # the demo's defaults for ENV (the docstring's budget)
+QUICK = dict(quick=True, total_comparisons=100, num_iterations=2, heldout_steps=2_000)
 PEERS = ("imitation", "stable_baselines3", "seals", "torch", "mujoco", "imageio")
 
 
@@ -71,73 +78,205 @@ def _settings(sizes: dict, seeds: int = 1):
     from jaxweight.demos import preferences as D  # noqa: PLC0415
 
     sizes = dict(sizes)
-    # PPO on both sides (the demo's default agent for ENV is SAC since: BRAX_DEFAULTS)
-    return D.settings(ENV, quick=sizes.pop("quick"), seeds=max(seeds, 1), agent="ppo", **sizes)
+    return D.settings(ENV, quick=sizes.pop("quick"), seeds=max(seeds, 1), **sizes)  # the demo's agent: SAC
+
+
+def time_to_target(round_s: list, returns: list, baseline: float, random: float, target: float = TARGET):
+    """The wall clock at the end of the first round whose true return reaches ``target`` of the baseline in the
+    normalised score ``(return - random) / (baseline - random)``; None if no round does."""
+    span = baseline - random
+    for t, r in zip(round_s, returns):
+        if span > 0 and (r - random) / span >= target:
+            return t
+    return None
 
 
 # ------------------------------------------------------------ the two loops (fresh processes)
 def _worker_imitation(sizes: dict, seed: int) -> dict:
+    os.environ.setdefault("TQDM_DISABLE", "1")  # imitation's per-epoch progress bars
     import gymnasium as gym  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
     import torch as th  # noqa: PLC0415
-    from bench_preference_h2h import imitation_run  # noqa: PLC0415
+    from imitation.algorithms import preference_comparisons as pcmp  # noqa: PLC0415
+    from imitation.rewards.reward_nets import AddSTDRewardWrapper, BasicRewardNet, RewardEnsemble  # noqa: PLC0415
     from seals.util import AbsorbAfterDoneWrapper  # noqa: PLC0415
+    from stable_baselines3 import SAC  # noqa: PLC0415
+    from stable_baselines3.common.evaluation import evaluate_policy  # noqa: PLC0415
+    from stable_baselines3.common.vec_env import DummyVecEnv  # noqa: PLC0415
 
-    s = SimpleNamespace(**sizes)  # the demo's settings, from the parent: the same numbers as jaxweight's side
+    from bench_preference_h2h import EVAL_EPISODES  # noqa: PLC0415
+
+    s = SimpleNamespace(**sizes)  # the demo's settings, from the parent
     th.set_num_threads(1)
 
     def make():
         inner = gym.make("InvertedPendulum-v4", disable_env_checker=True).unwrapped
         return gym.wrappers.TimeLimit(AbsorbAfterDoneWrapper(inner), HORIZON)
 
-    ppo = dict(n_envs=s.ppo_envs, n_steps=s.ppo_steps, minibatches=s.ppo_minibatches, epochs=s.ppo_epochs,
-               lr=s.learning_rate, gamma=s.gamma, gae_lambda=0.95, ent_coef=s.ent_coef, clip=s.clip_eps, vf_coef=0.5,
-               max_grad_norm=float("inf") if s.max_grad_norm is None else s.max_grad_norm, hidden=(64, 64))
-    out = imitation_run(make, seed, total_timesteps=s.total_timesteps, total_comparisons=s.total_comparisons,
-                        num_iterations=s.num_iterations, fragment_length=s.fragment_length, members=s.num_members,
-                        hidden=(32, 32), use_action=s.use_action, use_next_state=s.use_next_state,
-                        reward_lr=s.reward_learning_rate, ppo=ppo, random_baseline=True)
-    return dict(out, env="InvertedPendulum-v4 (MuJoCo), seals.util.AbsorbAfterDoneWrapper, TimeLimit 1000")
+    def agent(env, seed_):
+        return SAC("MlpPolicy", env, learning_rate=s.learning_rate, buffer_size=s.sac_buffer,
+                   learning_starts=s.sac_learning_starts, batch_size=s.sac_batch, tau=0.005, gamma=s.gamma,
+                   train_freq=1, gradient_steps=s.sac_updates_per_step, ent_coef="auto_1.0",
+                   policy_kwargs=dict(net_arch=list(s.sac_hidden)), seed=seed_, device="cpu", verbose=0)
+
+    def true_return(model, episodes, eval_seed):
+        env = DummyVecEnv([make])
+        env.seed(eval_seed)
+        r, _ = evaluate_policy(model, env, n_eval_episodes=episodes, deterministic=False, return_episode_rewards=True)
+        return float(np.mean(r))
+
+    t_start = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    th.manual_seed(seed)
+    venv = DummyVecEnv([make] * s.sac_envs)
+    venv.seed(seed)
+    nets = [BasicRewardNet(venv.observation_space, venv.action_space, use_state=True, use_action=s.use_action,
+                           use_next_state=s.use_next_state, use_done=False, hid_sizes=(32, 32))
+            for _ in range(s.num_members)]
+    ensemble = RewardEnsemble(venv.observation_space, venv.action_space, nets)
+    learner = agent(venv, seed)
+    k = s.num_iterations
+    agent_total = (k + 1) * (s.total_timesteps // k) + s.total_timesteps % k  # K + 1 rounds of agent training
+    generator = pcmp.AgentTrainer(learner, AddSTDRewardWrapper(ensemble, default_alpha=0.0), venv, rng=rng,
+                                  exploration_frac=0.0)
+    trainer = pcmp.EnsembleTrainer(pcmp.PreferenceModel(ensemble), pcmp.CrossEntropyRewardLoss(), rng=rng,
+                                   batch_size=32, epochs=1, lr=s.reward_learning_rate)
+    loop = pcmp.PreferenceComparisons(
+        generator, ensemble, num_iterations=k, fragmenter=pcmp.RandomFragmenter(warning_threshold=0, rng=rng),
+        preference_gatherer=pcmp.SyntheticGatherer(sample=False, rng=rng), reward_trainer=trainer,
+        fragment_length=s.fragment_length, transition_oversampling=1, initial_comparison_frac=0.1,
+        initial_epoch_multiplier=200.0, allow_variable_horizon=False, query_schedule="hyperbolic",
+    )
+    marks, gt = [], []
+    t0 = time.perf_counter()
+
+    def each_round(i):  # a round's evaluation on the true reward, inside the timed loop (as jaxweight's)
+        gt.append(true_return(learner, EVAL_EPISODES, seed + 100 + i))
+        marks.append(time.perf_counter() - t0)
+        print(f"[imitation] round {i}: true return {gt[-1]:.1f} at {marks[-1]:.0f} s", file=sys.stderr, flush=True)
+
+    loop.train(s.total_timesteps, s.total_comparisons, callback=each_round)
+    train_s = time.perf_counter() - t0
+    final = true_return(learner, s.final_episodes, seed + 1000)
+    t1 = time.perf_counter()
+    base_env = DummyVecEnv([make] * s.sac_envs)
+    base_env.seed(seed + 3000)
+    base = agent(base_env, seed + 3000).learn(agent_total)
+    baseline = true_return(base, s.final_episodes, seed + 4000)
+    baseline_s = time.perf_counter() - t1
+    env, rand = make(), []  # a uniformly random policy on the same environment
+    env.action_space.seed(seed)
+    for ep in range(s.final_episodes):
+        env.reset(seed=seed + 2000 + ep)
+        total, done = 0.0, False
+        while not done:
+            _, r, term, trunc, _ = env.step(env.action_space.sample())
+            total, done = total + float(r), term or trunc
+        rand.append(total)
+    return dict(train_s=train_s, setup_s=t0 - t_start, round_s=marks, round_return=gt, final_returns=[final],
+                baseline_returns=[baseline], random_returns=[float(np.mean(rand))], baseline_s=baseline_s,
+                agent_steps=int(learner.num_timesteps), torch=th.__version__,
+                versions={m: __import__(m).__version__ for m in ("imitation", "stable_baselines3", "mujoco",
+                                                                 "gymnasium", "seals")},
+                env="InvertedPendulum-v4 (MuJoCo), seals.util.AbsorbAfterDoneWrapper, TimeLimit 1000")
 
 
 def _worker_jaxweight(sizes: dict, seeds: int) -> dict:
-    from bench_preference_h2h import jaxweight_run  # noqa: PLC0415
+    import jax  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
 
-    return dict(jaxweight_run(ENV, sizes, seeds, random_baseline=True), settings=dataclasses.asdict(
-        _settings(sizes, seeds)), env=ENV)
+    from jaxweight.demos import preferences as D  # noqa: PLC0415
 
+    s = _settings(sizes, seeds)
+    t0 = time.perf_counter()
+    pc = D.build(s)
+    marks = []
+
+    def each_round(i, n, host):
+        marks.append(time.perf_counter() - t0)
+        print(f"[jaxweight] round {i}: true return {np.asarray(host['gt_return']).round(1).tolist()} at "
+              f"{marks[-1]:.0f} s", file=sys.stderr, flush=True)
+
+    pc.train(0, s.total_timesteps, s.total_comparisons, num_seeds=seeds, progress=each_round)
+    train_s = time.perf_counter() - t0
+    key = jax.random.key(0)
+    final = D.evaluate(pc, s, jax.random.fold_in(key, 1))
+    agent_total = sum(pc.plan(s.total_timesteps, s.total_comparisons).agent_steps)
+    t1 = time.perf_counter()
+    base = D.true_reward_baseline(pc, s, jax.random.fold_in(key, 2), agent_total)
+    baseline_s = time.perf_counter() - t1
+    rnd = D.random_return(pc, s, jax.random.fold_in(key, 3))
+    gt = np.asarray([h["gt_return"] for h in pc.history], np.float64)  # [rounds, seeds]
+    return dict(train_s=train_s, round_s=marks, round_return=gt.T.tolist(), final_returns=final["return"].tolist(),
+                baseline_returns=base.tolist(), random_returns=rnd.tolist(), baseline_s=baseline_s,
+                agent_steps=int(agent_total), settings=dataclasses.asdict(s), env=ENV, jax=jax.__version__)
 
 
 # ----------------------------------------------------------------------- run
-def run(quick: bool = False) -> list[dict]:
+def _side(r: dict, i: int) -> dict:
+    """Seed ``i`` of a side's result: time to the target, final normalised score."""
+    rounds = r["round_return"] if isinstance(r["round_return"][0], list) else [r["round_return"]]
+    b, z, f = r["baseline_returns"][i], r["random_returns"][i], r["final_returns"][i]
+    span = b - z
+    return dict(time_to_target_s=time_to_target(r["round_s"], rounds[i], b, z), baseline=b, random=z, final=f,
+                final_normalised=(f - z) / span if span > 0 else None, round_return=rounds[i])
+
+
+def run(quick: bool = False, seeds: int = 1) -> list[dict]:
     from _common import record  # noqa: PLC0415
-    from bench_preference_h2h import EVAL_EPISODES, PYTHON_VAR, imitation_python, spawn  # noqa: PLC0415
+    from bench_preference_h2h import PYTHON_VAR, finish, imitation_python, start  # noqa: PLC0415
 
     sizes = QUICK if quick else FULL
     missing = peers_missing()
     s = None if "brax" in missing else _settings(sizes)
-    size = ("InvertedPendulum, horizon 1000" if s is None else
-            f"InvertedPendulum, horizon 1000, {s.total_timesteps:.0e} steps, {s.total_comparisons} comparisons, "
+    size = ("InvertedPendulum, horizon 1000, SAC" if s is None else
+            f"InvertedPendulum, horizon 1000, SAC, {s.total_timesteps:.0e} steps, {s.total_comparisons} comparisons, "
             f"{s.num_iterations + 1} rounds, L={s.fragment_length}, M={s.num_members}")
     if missing:
-        return [record(MODULE, "loop vs imitation + stable-baselines3 (MuJoCo)", size, None, "skipped", None,
+        return [record(MODULE, "time to 0.8 of the true-reward baseline vs imitation + stable-baselines3 (MuJoCo)",
+                       size, None, "skipped", None,
                        note=f"skipped: {', '.join(missing)} not importable (jaxweight[brax] here; pip install "
                             f"imitation==1.0.1 torch==2.13.0 'mujoco<3.2' imageio in ${PYTHON_VAR} or here)")]
     me = Path(__file__).resolve()
-    base = spawn("imitation", dataclasses.asdict(s), 0, None, script=me, python=imitation_python())
-    one = spawn("jaxweight", sizes, 1, None, script=me)
-    with tempfile.TemporaryDirectory() as tmp:
-        four = spawn("jaxweight", sizes, 4, tmp, script=me)
-        warm = spawn("jaxweight", sizes, 4, tmp, script=me)
-    b = base["train_s"]
-    ret = (f"final true return: imitation {base['final_return']:.1f} (random {base['random_return']:.1f}), "
-           f"jaxweight {{}} (of 1000; {EVAL_EPISODES} episodes per seed)")
-    recs = [record(MODULE, "loop, 1 seed, cold", size, one["train_s"], "imitation + SB3, 1 seed", b,
-                   imitation=base, jaxweight=one, note=ret.format(f"{one['final_return']:.1f}"))]
-    for label, r in (("cold", four), ("warm cache", warm)):
-        recs.append(record(MODULE, f"loop, 4 vmapped seeds, {label} (per seed)", size, r["train_s"] / 4,
-                           "imitation + SB3, 1 seed", b, jaxweight=r,
-                           note=f"4 seeds in {r['train_s']:.1f} s; " + ret.format(
-                               " / ".join(f"{x:.1f}" for x in r["final_returns"]))))
+    two = len(os.sched_getaffinity(0)) >= 2
+    cores = sorted(os.sched_getaffinity(0))[:2] if two else [None, None]
+    results = {"imitation": [], "jaxweight": None}
+    procs = []
+    for seed in range(seeds):  # imitation runs its seeds one after another, on one core
+        procs.append(start("imitation", dataclasses.asdict(s), seed, None, script=me, python=imitation_python(),
+                           core=cores[0], show=True))
+        if seed == 0:
+            jw = start("jaxweight", sizes, seeds, None, script=me, core=cores[1], show=True)
+            if not two:
+                results["jaxweight"] = finish(jw, timeout=4 * 3600)
+        results["imitation"].append(finish(procs[-1], timeout=4 * 3600))
+    if results["jaxweight"] is None:
+        results["jaxweight"] = finish(jw, timeout=4 * 3600)
+    jwr = results["jaxweight"]
+    how = ("at the same time, each pinned to one core" if two else "one after the other") + ", cold"
+    recs = []
+    for seed in range(seeds):
+        a, b = _side(results["imitation"][seed], 0), _side(jwr, seed)
+        when = {k: "never" if v["time_to_target_s"] is None else f"{v['time_to_target_s']:.0f} s"
+                for k, v in (("imitation", a), ("jaxweight", b))}
+        note = (f"seed {seed}: time to {TARGET} of the own true-reward baseline: imitation {when['imitation']}, "
+                f"jaxweight {when['jaxweight']}{'' if seeds == 1 else f' (of {seeds} vmapped seeds)'}; final "
+                f"normalised imitation {a['final_normalised']:.2f} ({a['final']:.1f}; baseline {a['baseline']:.1f}, "
+                f"random {a['random']:.1f}), jaxweight {b['final_normalised']:.2f} ({b['final']:.1f}; baseline "
+                f"{b['baseline']:.1f}, random {b['random']:.1f}); {how}")
+        recs.append(record(MODULE, f"time to {TARGET} of the true-reward baseline, seed {seed}", size,
+                           b["time_to_target_s"], "imitation + SB3 SAC, same seed", a["time_to_target_s"],
+                           goal=None if quick else "both sides reach 0.8 of their own true-reward baseline",
+                           met=None if quick else (a["time_to_target_s"] is not None
+                                                   and b["time_to_target_s"] is not None),
+                           note=note, imitation=a, jaxweight=b))
+    ib = results["imitation"]
+    recs.append(record(MODULE, f"whole loop ({s.num_iterations + 1} rounds), per seed", size, jwr["train_s"] / seeds,
+                       "imitation + SB3 SAC, 1 seed", sum(r["train_s"] for r in ib) / seeds,
+                       note=f"loop wall, compilation and per-round evaluations included; {how}; true-reward "
+                            f"baselines: jaxweight {jwr['baseline_s']:.0f} s for {seeds} seed(s), imitation "
+                            f"{sum(r['baseline_s'] for r in ib):.0f} s",
+                       imitation=ib, jaxweight=jwr))
     return recs
 
 
