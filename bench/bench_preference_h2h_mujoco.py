@@ -26,10 +26,13 @@ AdamW (lr 1e-3, batch 32, one epoch, 200x on round 0), a teacher answering with 
 (``sample=False``); SAC with 16 environments, one gradient step per environment step (16 after each vectorised
 step), batch 256, a 1e6 replay buffer, 10,000 uniformly random transitions first, (256, 256) ReLU actor and twin
 critics, Adam lr 3e-4, gamma 0.99, tau 0.005, the temperature learned from 1.0 towards entropy -|A|. What stays
-different: jaxweight's SAC relabels each replayed minibatch with the current reward model (PEBBLE's relabelling)
-and bootstraps through the absorbing end as the demo does; SB3's replay keeps the reward each transition had when it
-was collected (imitation's ``RewardVecEnvWrapper``) and bootstraps at the time limit. Each side is judged against its
-own agent's true-reward baseline, so these differences count in the quality column, not in the time.
+different: jaxweight's SAC bootstraps through the absorbing end as the demo does, SB3's at the time limit. Both
+relabel each replayed minibatch with the current reward model (PEBBLE's relabelling: jaxweight's SAC always,
+imitation's through ``imitation.policies.replay_buffer_wrapper.ReplayBufferRewardWrapper`` with
+``reward_net.predict_processed``, as imitation's own ``train_preference_comparisons`` script sets up an off-policy
+agent). ``run(relabel=False)`` leaves imitation's replay with the reward each transition had when it was collected
+(``AgentTrainer``'s ``RewardVecEnvWrapper`` alone). Each side is judged against its own agent's true-reward
+baseline, so these differences count in the quality column, not in the time.
 
 The two sides run at the same time in fresh processes, each pinned to one of the machine's cores (with fewer than
 two cores, one after the other), cold: JAX's persistent compilation cache off. One row per seed compares the time
@@ -40,13 +43,15 @@ importable (imitation's side: ``pip install imitation==1.0.1 torch==2.13.0 'mujo
 environment of its own, named by ``$JAXWEIGHT_IMITATION_PYTHON``; jaxweight's: the ``brax`` extra). ``--quick``: the
 demo's quick SAC settings (1e4 steps, 2,000 random transitions first), 100 comparisons, 3 rounds; no goal judged.
 
-``python bench/bench_preference_h2h_mujoco.py [--quick] [--json P]`` (``run(seeds=N)`` for N seeds a side) or
+``python bench/bench_preference_h2h_mujoco.py [--quick] [--json P]`` (``run(seeds=N)`` for N seeds a side,
+``run(relabel=False)`` as above) or
 ``python -m jaxweight bench --only preference_h2h_mujoco``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import os
 import sys
@@ -100,7 +105,9 @@ def _worker_imitation(sizes: dict, seed: int) -> dict:
     from imitation.algorithms import preference_comparisons as pcmp  # noqa: PLC0415
     from imitation.rewards.reward_nets import AddSTDRewardWrapper, BasicRewardNet, RewardEnsemble  # noqa: PLC0415
     from seals.util import AbsorbAfterDoneWrapper  # noqa: PLC0415
+    from imitation.policies.replay_buffer_wrapper import ReplayBufferRewardWrapper  # noqa: PLC0415
     from stable_baselines3 import SAC  # noqa: PLC0415
+    from stable_baselines3.common.buffers import ReplayBuffer  # noqa: PLC0415
     from stable_baselines3.common.evaluation import evaluate_policy  # noqa: PLC0415
     from stable_baselines3.common.vec_env import DummyVecEnv  # noqa: PLC0415
 
@@ -113,8 +120,11 @@ def _worker_imitation(sizes: dict, seed: int) -> dict:
         inner = gym.make("InvertedPendulum-v4", disable_env_checker=True).unwrapped
         return gym.wrappers.TimeLimit(AbsorbAfterDoneWrapper(inner), HORIZON)
 
-    def agent(env, seed_):
-        return SAC("MlpPolicy", env, learning_rate=s.learning_rate, buffer_size=s.sac_buffer,
+    def agent(env, seed_, relabel=None):
+        buffer = {} if relabel is None else dict(  # imitation's train_preference_comparisons for off-policy agents
+            replay_buffer_class=ReplayBufferRewardWrapper,
+            replay_buffer_kwargs=dict(replay_buffer_class=ReplayBuffer, reward_fn=relabel))
+        return SAC("MlpPolicy", env, **buffer, learning_rate=s.learning_rate, buffer_size=s.sac_buffer,
                    learning_starts=s.sac_learning_starts, batch_size=s.sac_batch, tau=0.005, gamma=s.gamma,
                    train_freq=1, gradient_steps=s.sac_updates_per_step, ent_coef="auto_1.0",
                    policy_kwargs=dict(net_arch=list(s.sac_hidden)), seed=seed_, device="cpu", verbose=0)
@@ -134,10 +144,12 @@ def _worker_imitation(sizes: dict, seed: int) -> dict:
                            use_next_state=s.use_next_state, use_done=False, hid_sizes=(32, 32))
             for _ in range(s.num_members)]
     ensemble = RewardEnsemble(venv.observation_space, venv.action_space, nets)
-    learner = agent(venv, seed)
+    agent_reward = AddSTDRewardWrapper(ensemble, default_alpha=0.0)
+    learner = agent(venv, seed, functools.partial(agent_reward.predict_processed, update_stats=False)
+                    if s.relabel else None)
     k = s.num_iterations
     agent_total = (k + 1) * (s.total_timesteps // k) + s.total_timesteps % k  # K + 1 rounds of agent training
-    generator = pcmp.AgentTrainer(learner, AddSTDRewardWrapper(ensemble, default_alpha=0.0), venv, rng=rng,
+    generator = pcmp.AgentTrainer(learner, agent_reward, venv, rng=rng,
                                   exploration_frac=0.0)
     trainer = pcmp.EnsembleTrainer(pcmp.PreferenceModel(ensemble), pcmp.CrossEntropyRewardLoss(), rng=rng,
                                    batch_size=32, epochs=1, lr=s.reward_learning_rate)
@@ -173,7 +185,8 @@ def _worker_imitation(sizes: dict, seed: int) -> dict:
             _, r, term, trunc, _ = env.step(env.action_space.sample())
             total, done = total + float(r), term or trunc
         rand.append(total)
-    return dict(train_s=train_s, setup_s=t0 - t_start, round_s=marks, round_return=gt, final_returns=[final],
+    return dict(relabel=bool(s.relabel), train_s=train_s, setup_s=t0 - t_start, round_s=marks, round_return=gt,
+                final_returns=[final],
                 baseline_returns=[baseline], random_returns=[float(np.mean(rand))], baseline_s=baseline_s,
                 agent_steps=int(learner.num_timesteps), torch=th.__version__,
                 versions={m: __import__(m).__version__ for m in ("imitation", "stable_baselines3", "mujoco",
@@ -222,7 +235,7 @@ def _side(r: dict, i: int) -> dict:
                 final_normalised=(f - z) / span if span > 0 else None, round_return=rounds[i])
 
 
-def run(quick: bool = False, seeds: int = 1) -> list[dict]:
+def run(quick: bool = False, seeds: int = 1, relabel: bool = True) -> list[dict]:
     from _common import record  # noqa: PLC0415
     from bench_preference_h2h import PYTHON_VAR, finish, imitation_python, start  # noqa: PLC0415
 
@@ -243,7 +256,8 @@ def run(quick: bool = False, seeds: int = 1) -> list[dict]:
     results = {"imitation": [], "jaxweight": None}
     procs = []
     for seed in range(seeds):  # imitation runs its seeds one after another, on one core
-        procs.append(start("imitation", dataclasses.asdict(s), seed, None, script=me, python=imitation_python(),
+        procs.append(start("imitation", dict(dataclasses.asdict(s), relabel=relabel), seed, None, script=me,
+                           python=imitation_python(),
                            core=cores[0], show=True))
         if seed == 0:
             jw = start("jaxweight", sizes, seeds, None, script=me, core=cores[1], show=True)
@@ -253,7 +267,8 @@ def run(quick: bool = False, seeds: int = 1) -> list[dict]:
     if results["jaxweight"] is None:
         results["jaxweight"] = finish(jw, timeout=4 * 3600)
     jwr = results["jaxweight"]
-    how = ("at the same time, each pinned to one core" if two else "one after the other") + ", cold"
+    how = (("at the same time, each pinned to one core" if two else "one after the other") + ", cold"
+           + ("" if relabel else "; imitation's replay not relabelled"))
     recs = []
     for seed in range(seeds):
         a, b = _side(results["imitation"][seed], 0), _side(jwr, seed)
