@@ -103,7 +103,9 @@ def _worker_imitation(sizes: dict, seed: int) -> dict:
     import numpy as np  # noqa: PLC0415
     import torch as th  # noqa: PLC0415
     from imitation.algorithms import preference_comparisons as pcmp  # noqa: PLC0415
-    from imitation.rewards.reward_nets import AddSTDRewardWrapper, BasicRewardNet, RewardEnsemble  # noqa: PLC0415
+    from imitation.rewards.reward_nets import (  # noqa: PLC0415
+        AddSTDRewardWrapper, BasicRewardNet, NormalizedRewardNet, RewardEnsemble)
+    from imitation.util.networks import RunningNorm  # noqa: PLC0415
     from seals.util import AbsorbAfterDoneWrapper  # noqa: PLC0415
     from imitation.policies.replay_buffer_wrapper import ReplayBufferRewardWrapper  # noqa: PLC0415
     from stable_baselines3 import SAC  # noqa: PLC0415
@@ -143,6 +145,8 @@ def _worker_imitation(sizes: dict, seed: int) -> dict:
     nets = [BasicRewardNet(venv.observation_space, venv.action_space, use_state=True, use_action=s.use_action,
                            use_next_state=s.use_next_state, use_done=False, hid_sizes=(32, 32))
             for _ in range(s.num_members)]
+    if getattr(s, "reward_norm", False):  # imitation's reward_ensemble config: each member's output RunningNorm
+        nets = [NormalizedRewardNet(n, RunningNorm) for n in nets]
     ensemble = RewardEnsemble(venv.observation_space, venv.action_space, nets)
     agent_reward = AddSTDRewardWrapper(ensemble, default_alpha=0.0)
     learner = agent(venv, seed, functools.partial(agent_reward.predict_processed, update_stats=False)
@@ -171,10 +175,12 @@ def _worker_imitation(sizes: dict, seed: int) -> dict:
     train_s = time.perf_counter() - t0
     final = true_return(learner, s.final_episodes, seed + 1000)
     t1 = time.perf_counter()
-    base_env = DummyVecEnv([make] * s.sac_envs)
-    base_env.seed(seed + 3000)
-    base = agent(base_env, seed + 3000).learn(agent_total)
-    baseline = true_return(base, s.final_episodes, seed + 4000)
+    baseline = None
+    if getattr(s, "baseline", True):
+        base_env = DummyVecEnv([make] * s.sac_envs)
+        base_env.seed(seed + 3000)
+        base = agent(base_env, seed + 3000).learn(agent_total)
+        baseline = true_return(base, s.final_episodes, seed + 4000)
     baseline_s = time.perf_counter() - t1
     env, rand = make(), []  # a uniformly random policy on the same environment
     env.action_space.seed(seed)
@@ -185,7 +191,7 @@ def _worker_imitation(sizes: dict, seed: int) -> dict:
             _, r, term, trunc, _ = env.step(env.action_space.sample())
             total, done = total + float(r), term or trunc
         rand.append(total)
-    return dict(relabel=bool(s.relabel), train_s=train_s, setup_s=t0 - t_start, round_s=marks, round_return=gt,
+    return dict(relabel=bool(s.relabel), reward_norm=bool(getattr(s, "reward_norm", False)), train_s=train_s, setup_s=t0 - t_start, round_s=marks, round_return=gt,
                 final_returns=[final],
                 baseline_returns=[baseline], random_returns=[float(np.mean(rand))], baseline_s=baseline_s,
                 agent_steps=int(learner.num_timesteps), torch=th.__version__,
