@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import platform
 import statistics
@@ -210,5 +209,6 @@ def main(run: Callable[..., list[dict]]) -> None:
     recs = run(quick=a.quick)
     print(format_table(recs))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(recs, f, indent=2)
+        from jaxweight._util import atomic_write_json  # noqa: PLC0415
+
+        atomic_write_json(a.json, recs, indent=2)

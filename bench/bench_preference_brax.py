@@ -223,8 +223,9 @@ def main(argv=None):
            "steps_per_s": a.seeds * curve[-1]["steps"] / t_run, **provenance()}
     print(json.dumps({k: v for k, v in res.items() if k != "curve"}))
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
+        from jaxweight._util import atomic_write_json  # noqa: PLC0415
+
+        atomic_write_json(a.out, res, indent=1)
 
 
 if __name__ == "__main__":

@@ -94,8 +94,10 @@ def main(argv=None):
 
     res = {"env": a.env, "config": cfg, "curve": curve, "wall_s": time.perf_counter() - t0, **provenance()}
     if a.out:
-        with open(a.out, "w") as f:
+        tmp = f"{a.out}.tmp"  # atomic: brax's reference may run where jaxweight is not installed
+        with open(tmp, "w") as f:
             json.dump(res, f, indent=1)
+        os.replace(tmp, a.out)
 
 
 if __name__ == "__main__":
