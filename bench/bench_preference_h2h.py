@@ -149,17 +149,25 @@ def imitation_run(make, seed: int, *, total_timesteps: int, total_comparisons: i
                                  return_episode_rewards=True)
     out = dict(train_s=train_s, setup_s=t0 - t_start, first_round_s=marks[0] if marks else None, round_s=marks,
                final_return=float(np.mean(returns)), agent_steps=int(agent.num_timesteps), torch=th.__version__)
-    if random_baseline:  # a uniformly random policy on the same environment
-        env, rand = make(), []
-        for ep in range(EVAL_EPISODES):
-            env.reset(seed=seed + 2000 + ep)
-            total, done = 0.0, False
-            while not done:
-                _, r, term, trunc, _ = env.step(env.action_space.sample())
-                total, done = total + float(r), term or trunc
-            rand.append(total)
-        out["random_return"] = float(np.mean(rand))
+    if random_baseline:
+        out["random_return"] = random_policy_return(make, seed, EVAL_EPISODES)
     return out
+
+
+def random_policy_return(make, seed: int, episodes: int, seed_actions: bool = False) -> float:
+    """Mean true return of a uniformly random policy over ``episodes`` episodes of ``make()`` (a gymnasium env;
+    resets seeded ``seed + 2000 + i``, the action space seeded with ``seed`` if ``seed_actions``)."""
+    env, rand = make(), []
+    if seed_actions:
+        env.action_space.seed(seed)
+    for ep in range(episodes):
+        env.reset(seed=seed + 2000 + ep)
+        total, done = 0.0, False
+        while not done:
+            _, r, term, trunc, _ = env.step(env.action_space.sample())
+            total, done = total + float(r), term or trunc
+        rand.append(total)
+    return sum(rand) / len(rand)
 
 
 def _worker_imitation(sizes: dict, seed: int) -> dict:

@@ -113,7 +113,7 @@ def _worker_imitation(sizes: dict, seed: int) -> dict:
     from stable_baselines3.common.evaluation import evaluate_policy  # noqa: PLC0415
     from stable_baselines3.common.vec_env import DummyVecEnv  # noqa: PLC0415
 
-    from bench_preference_h2h import EVAL_EPISODES  # noqa: PLC0415
+    from bench_preference_h2h import EVAL_EPISODES, random_policy_return  # noqa: PLC0415
 
     s = SimpleNamespace(**sizes)  # the demo's settings, from the parent
     th.set_num_threads(1)
@@ -182,18 +182,10 @@ def _worker_imitation(sizes: dict, seed: int) -> dict:
         base = agent(base_env, seed + 3000).learn(agent_total)
         baseline = true_return(base, s.final_episodes, seed + 4000)
     baseline_s = time.perf_counter() - t1
-    env, rand = make(), []  # a uniformly random policy on the same environment
-    env.action_space.seed(seed)
-    for ep in range(s.final_episodes):
-        env.reset(seed=seed + 2000 + ep)
-        total, done = 0.0, False
-        while not done:
-            _, r, term, trunc, _ = env.step(env.action_space.sample())
-            total, done = total + float(r), term or trunc
-        rand.append(total)
+    rand = random_policy_return(make, seed, s.final_episodes, seed_actions=True)  # on the same environment
     return dict(relabel=bool(s.relabel), reward_norm=bool(getattr(s, "reward_norm", False)), train_s=train_s, setup_s=t0 - t_start, round_s=marks, round_return=gt,
                 final_returns=[final],
-                baseline_returns=[baseline], random_returns=[float(np.mean(rand))], baseline_s=baseline_s,
+                baseline_returns=[baseline], random_returns=[rand], baseline_s=baseline_s,
                 agent_steps=int(learner.num_timesteps), torch=th.__version__,
                 versions={m: __import__(m).__version__ for m in ("imitation", "stable_baselines3", "mujoco",
                                                                  "gymnasium", "seals")},
