@@ -200,15 +200,20 @@ def format_table(records: list[dict]) -> str:
     return "\n".join(out + (["notes:"] + notes if notes else []))
 
 
-def main(run: Callable[..., list[dict]]) -> None:
-    """Entry point for running one bench script on its own."""
+def main(run: Callable[..., list[dict]], add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+         ) -> None:
+    """Entry point for running one bench script on its own: ``--quick``, ``--json PATH`` and the script's own
+    options (``add_arguments(parser)``; each passed to ``run`` as the keyword of its ``dest``)."""
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", metavar="PATH")
-    a = p.parse_args()
-    recs = run(quick=a.quick)
+    if add_arguments is not None:
+        add_arguments(p)
+    a = vars(p.parse_args())
+    path = a.pop("json")
+    recs = run(**a)
     print(format_table(recs))
-    if a.json:
+    if path:
         from jaxweight._util import atomic_write_json  # noqa: PLC0415
 
-        atomic_write_json(a.json, recs, indent=2)
+        atomic_write_json(path, recs, indent=2)

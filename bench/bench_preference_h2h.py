@@ -209,9 +209,10 @@ def _worker_jaxweight(sizes: dict, seeds: int) -> dict:
     return jaxweight_run("cartpole", sizes, seeds)
 
 
-def entry(workers: dict, run) -> None:
+def entry(workers: dict, run, add_arguments=None) -> None:
     """The command line of a head-to-head script: ``--worker NAME SIZES N`` runs ``workers[NAME](SIZES, N)`` and
-    prints its JSON result (what :func:`spawn` reads); otherwise the bench (``--quick``, ``--json P``)."""
+    prints its JSON result (what :func:`spawn` reads); otherwise the bench (``--quick``, ``--json P`` and the
+    options of ``add_arguments``, as in ``_common.main``)."""
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         if os.environ.get(CORE_VAR):
             os.sched_setaffinity(0, {int(os.environ[CORE_VAR])})
@@ -219,7 +220,7 @@ def entry(workers: dict, run) -> None:
     else:
         from _common import main  # noqa: PLC0415
 
-        main(run)
+        main(run, add_arguments)
 
 
 def start(name: str, sizes: dict, n: int, cache: str | None, *, script: str | Path = __file__,

@@ -43,8 +43,14 @@ importable (imitation's side: ``pip install imitation==1.0.1 torch==2.13.0 'mujo
 environment of its own, named by ``$JAXWEIGHT_IMITATION_PYTHON``; jaxweight's: the ``brax`` extra). ``--quick``: the
 demo's quick SAC settings (1e4 steps, 2,000 random transitions first), 100 comparisons, 3 rounds; no goal judged.
 
-``python bench/bench_preference_h2h_mujoco.py [--quick] [--json P]`` (``run(seeds=N)`` for N seeds a side,
-``run(relabel=False)`` as above) or
+A diagnostic in both workers: after every round, the learned reward's ensemble mean on upright states minus on
+fallen (absorbing) ones, over the states of untrained-policy episodes (``round_reward_gap``; kept out of the
+timed loop).
+
+``python bench/bench_preference_h2h_mujoco.py [--quick] [--json P] [--input-norm none|running|tanh]
+[--baselines-from JSON]`` (``run(seeds=N)`` for N seeds a side, ``run(relabel=False)`` as above; ``--input-norm``
+the input layer of imitation's reward nets, ``--baselines-from`` both sides' true-reward baselines from an
+earlier results file instead of training them again: see :func:`run`) or
 ``python -m jaxweight bench --only preference_h2h_mujoco``.
 """
 
@@ -97,6 +103,39 @@ def time_to_target(round_s: list, returns: list, baseline: float, random: float,
 
 
 # ------------------------------------------------------------ the two loops (fresh processes)
+def _probe_states(make, seed: int, episodes: int = 64):
+    """Observations of ``episodes`` uniformly random episodes of ``make()`` (an env that terminates at the fall):
+    those before the fall, and the fallen ones the episodes end in (the absorbing observation), for the learned
+    reward's per-round diagnostic."""
+    import numpy as np  # noqa: PLC0415
+
+    env, up, down = make(), [], []
+    env.action_space.seed(seed + 5000)
+    for ep in range(episodes):
+        obs, _ = env.reset(seed=seed + 5000 + ep)
+        done = False
+        while not done:
+            up.append(obs)
+            obs, _, term, trunc, _ = env.step(env.action_space.sample())
+            done = term or trunc
+        down.append(obs)
+    return np.asarray(up, np.float32), np.asarray(down, np.float32)
+
+
+def _tanh_layer():
+    import torch as th  # noqa: PLC0415
+
+    class Tanh(th.nn.Module):  # jaxweight's reward-net input, tanh(obs / 1) (brax's observation space is unbounded)
+        def __init__(self, size: int):
+            super().__init__()
+            del size
+
+        def forward(self, x):
+            return th.tanh(x)
+
+    return Tanh
+
+
 def _worker_imitation(sizes: dict, seed: int) -> dict:
     os.environ.setdefault("TQDM_DISABLE", "1")  # imitation's per-epoch progress bars
     import gymnasium as gym  # noqa: PLC0415
@@ -115,12 +154,16 @@ def _worker_imitation(sizes: dict, seed: int) -> dict:
 
     from bench_preference_h2h import EVAL_EPISODES, random_policy_return  # noqa: PLC0415
 
+    _Tanh = _tanh_layer()
+
     s = SimpleNamespace(**sizes)  # the demo's settings, from the parent
     th.set_num_threads(1)
 
+    def bare():
+        return gym.make("InvertedPendulum-v4", disable_env_checker=True).unwrapped
+
     def make():
-        inner = gym.make("InvertedPendulum-v4", disable_env_checker=True).unwrapped
-        return gym.wrappers.TimeLimit(AbsorbAfterDoneWrapper(inner), HORIZON)
+        return gym.wrappers.TimeLimit(AbsorbAfterDoneWrapper(bare()), HORIZON)
 
     def agent(env, seed_, relabel=None):
         buffer = {} if relabel is None else dict(  # imitation's train_preference_comparisons for off-policy agents
@@ -142,8 +185,11 @@ def _worker_imitation(sizes: dict, seed: int) -> dict:
     th.manual_seed(seed)
     venv = DummyVecEnv([make] * s.sac_envs)
     venv.seed(seed)
+    inputs = getattr(s, "input_norm", "none")  # the reward nets' input layer (see run's ``input_norm``)
+    layer = dict(running=dict(normalize_input_layer=RunningNorm), tanh=dict(normalize_input_layer=_Tanh),
+                 none={})[inputs]
     nets = [BasicRewardNet(venv.observation_space, venv.action_space, use_state=True, use_action=s.use_action,
-                           use_next_state=s.use_next_state, use_done=False, hid_sizes=(32, 32))
+                           use_next_state=s.use_next_state, use_done=False, hid_sizes=(32, 32), **layer)
             for _ in range(s.num_members)]
     if getattr(s, "reward_norm", False):  # imitation's reward_ensemble config: each member's output RunningNorm
         nets = [NormalizedRewardNet(n, RunningNorm) for n in nets]
@@ -163,13 +209,21 @@ def _worker_imitation(sizes: dict, seed: int) -> dict:
         fragment_length=s.fragment_length, transition_oversampling=1, initial_comparison_frac=0.1,
         initial_epoch_multiplier=200.0, allow_variable_horizon=False, query_schedule="hyperbolic",
     )
-    marks, gt = [], []
+    marks, gt, gaps = [], [], []
+    upright, fallen = _probe_states(bare, seed)
     t0 = time.perf_counter()
+
+    def gap():  # the ensemble's mean learned reward on upright states minus on fallen (absorbing) ones
+        r = [float(np.mean(ensemble.predict(o, np.zeros((len(o), 1), np.float32), o, np.zeros(len(o), bool))))
+             for o in (upright, fallen)]
+        return r[0] - r[1]
 
     def each_round(i):  # a round's evaluation on the true reward, inside the timed loop (as jaxweight's)
         gt.append(true_return(learner, EVAL_EPISODES, seed + 100 + i))
         marks.append(time.perf_counter() - t0)
-        print(f"[imitation] round {i}: true return {gt[-1]:.1f} at {marks[-1]:.0f} s", file=sys.stderr, flush=True)
+        gaps.append(gap())  # after the mark: a diagnostic, outside the timed loop's measure
+        print(f"[imitation] round {i}: true return {gt[-1]:.1f} at {marks[-1]:.0f} s; learned reward upright - "
+              f"fallen {gaps[-1]:+.3f}", file=sys.stderr, flush=True)
 
     loop.train(s.total_timesteps, s.total_comparisons, callback=each_round)
     train_s = time.perf_counter() - t0
@@ -183,7 +237,8 @@ def _worker_imitation(sizes: dict, seed: int) -> dict:
         baseline = true_return(base, s.final_episodes, seed + 4000)
     baseline_s = time.perf_counter() - t1
     rand = random_policy_return(make, seed, s.final_episodes, seed_actions=True)  # on the same environment
-    return dict(relabel=bool(s.relabel), reward_norm=bool(getattr(s, "reward_norm", False)), train_s=train_s, setup_s=t0 - t_start, round_s=marks, round_return=gt,
+    return dict(relabel=bool(s.relabel), reward_norm=bool(getattr(s, "reward_norm", False)), input_norm=inputs,
+                train_s=train_s, setup_s=t0 - t_start, round_s=marks, round_return=gt, round_reward_gap=gaps,
                 final_returns=[final],
                 baseline_returns=[baseline], random_returns=[rand], baseline_s=baseline_s,
                 agent_steps=int(learner.num_timesteps), torch=th.__version__,
@@ -192,48 +247,112 @@ def _worker_imitation(sizes: dict, seed: int) -> dict:
                 env="InvertedPendulum-v4 (MuJoCo), seals.util.AbsorbAfterDoneWrapper, TimeLimit 1000")
 
 
+def _jaxweight_gaps(pc, params: list) -> list:
+    """Per seed and round (``[seeds][rounds]``), the learned reward's member mean on the upright transitions
+    minus on the fallen (absorbing) ones, over 64,000 steps of an untrained agent (imitation's worker prints the
+    same measure on random-policy episodes)."""
+    import jax  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    from jaxweight.preference.evaluation import predicted_rewards  # noqa: PLC0415
+
+    gen = pc.generator
+    probe = gen.sample(gen.init(jax.random.key(7)), jax.random.key(8), 64_000)
+    true, mask = np.asarray(probe.rews), np.asarray(probe.step_mask())
+    up, down = (true == 1) & mask, (true == 0) & mask
+    score = jax.jit(jax.vmap(lambda p: predicted_rewards(pc.reward_module, p, probe, ensemble=pc.ensemble)))
+    rows = []
+    for p in params:  # one row per round: the rounds' parameters were kept on the host
+        pred = np.asarray(score(p))  # [seeds, N, T]
+        rows.append((pred * up).sum((1, 2)) / up.sum() - (pred * down).sum((1, 2)) / down.sum())
+    return np.asarray(rows).T.tolist()
+
+
 def _worker_jaxweight(sizes: dict, seeds: int) -> dict:
     import jax  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
 
     from jaxweight.demos import preferences as D  # noqa: PLC0415
 
+    sizes = dict(sizes)
+    with_baseline = sizes.pop("baseline", True)
     s = _settings(sizes, seeds)
     t0 = time.perf_counter()
     pc = D.build(s)
-    marks = []
+    marks, params = [], []
 
     def each_round(i, n, host):
         marks.append(time.perf_counter() - t0)
+        params.append(jax.device_get(pc.state.reward.params))  # for the learned-reward diagnostic after the loop
         print(f"[jaxweight] round {i}: true return {np.asarray(host['gt_return']).round(1).tolist()} at "
               f"{marks[-1]:.0f} s", file=sys.stderr, flush=True)
 
     pc.train(0, s.total_timesteps, s.total_comparisons, num_seeds=seeds, progress=each_round)
     train_s = time.perf_counter() - t0
+    gaps = _jaxweight_gaps(pc, params)
     key = jax.random.key(0)
     final = D.evaluate(pc, s, jax.random.fold_in(key, 1))
     agent_total = sum(pc.plan(s.total_timesteps, s.total_comparisons).agent_steps)
     t1 = time.perf_counter()
-    base = D.true_reward_baseline(pc, s, jax.random.fold_in(key, 2), agent_total)
+    base = (D.true_reward_baseline(pc, s, jax.random.fold_in(key, 2), agent_total) if with_baseline
+            else np.full(seeds, np.nan))
     baseline_s = time.perf_counter() - t1
     rnd = D.random_return(pc, s, jax.random.fold_in(key, 3))
     gt = np.asarray([h["gt_return"] for h in pc.history], np.float64)  # [rounds, seeds]
-    return dict(train_s=train_s, round_s=marks, round_return=gt.T.tolist(), final_returns=final["return"].tolist(),
+    return dict(train_s=train_s, round_s=marks, round_return=gt.T.tolist(), round_reward_gap=gaps,
+                final_returns=final["return"].tolist(),
                 baseline_returns=base.tolist(), random_returns=rnd.tolist(), baseline_s=baseline_s,
                 agent_steps=int(agent_total), settings=dataclasses.asdict(s), env=ENV, jax=jax.__version__)
 
 
 # ----------------------------------------------------------------------- run
-def _side(r: dict, i: int) -> dict:
-    """Seed ``i`` of a side's result: time to the target, final normalised score."""
+def _side(r: dict, i: int, baseline: float | None = None) -> dict:
+    """Seed ``i`` of a side's result: time to the target, final normalised score (against ``baseline`` if given,
+    else the side's own baseline run)."""
     rounds = r["round_return"] if isinstance(r["round_return"][0], list) else [r["round_return"]]
-    b, z, f = r["baseline_returns"][i], r["random_returns"][i], r["final_returns"][i]
+    b = r["baseline_returns"][i] if baseline is None else baseline
+    z, f = r["random_returns"][i], r["final_returns"][i]
     span = b - z
+    gaps = r.get("round_reward_gap")
+    gaps = None if gaps is None else (gaps[i] if gaps and isinstance(gaps[0], list) else gaps)
     return dict(time_to_target_s=time_to_target(r["round_s"], rounds[i], b, z), baseline=b, random=z, final=f,
-                final_normalised=(f - z) / span if span > 0 else None, round_return=rounds[i])
+                final_normalised=(f - z) / span if span > 0 else None, round_return=rounds[i],
+                round_reward_gap=gaps)
 
 
-def run(quick: bool = False, seeds: int = 1, relabel: bool = True) -> list[dict]:
+def recorded_baselines(path: str | Path, seeds: int) -> dict:
+    """Each side's true-reward baseline return per seed, from the per-seed rows of an earlier results file of
+    this bench (same settings and seeds)."""
+    import json  # noqa: PLC0415
+
+    rows = {r["name"]: r for r in json.loads(Path(path).read_text())}
+    out = {"imitation": [], "jaxweight": []}
+    for seed in range(seeds):
+        row = rows.get(f"time to {TARGET} of the true-reward baseline, seed {seed}")
+        if row is None:
+            raise ValueError(f"baselines_from: {path} has no row for seed {seed}")
+        for side in out:
+            out[side].append(float(row[side]["baseline"]))
+    return out
+
+
+def run(quick: bool = False, seeds: int = 1, relabel: bool = True, input_norm: str = "none",
+        baselines_from: str | None = None) -> list[dict]:
+    """The head-to-head rows.
+
+    Args:
+      quick: the quick settings (no goal judged).
+      seeds: seeds a side (imitation's one after another, jaxweight's vmapped).
+      relabel: imitation's SAC relabels its replay with the current reward model.
+      input_norm: imitation's reward nets' input layer: ``"none"`` (raw observations), ``"running"``
+        (``imitation.util.networks.RunningNorm``, what imitation's ``train_preference_comparisons`` script puts
+        in front of a ``BasicRewardNet`` by default) or ``"tanh"`` (``tanh(obs)``: jaxweight's reward-net input
+        on brax, whose observation space is unbounded).
+      baselines_from: a results file of this bench whose per-seed rows give both sides' true-reward baselines
+        (same settings and seeds); neither side then trains its baseline again.
+    """
+    if input_norm not in ("none", "running", "tanh"):
+        raise ValueError(f"input_norm must be 'none', 'running' or 'tanh', not {input_norm!r}")
     from _common import record  # noqa: PLC0415
     from bench_preference_h2h import PYTHON_VAR, finish, imitation_python, start  # noqa: PLC0415
 
@@ -248,17 +367,20 @@ def run(quick: bool = False, seeds: int = 1, relabel: bool = True) -> list[dict]
                        size, None, "skipped", None,
                        note=f"skipped: {', '.join(missing)} not importable (jaxweight[brax] here; pip install "
                             f"imitation==1.0.1 torch==2.13.0 'mujoco<3.2' imageio in ${PYTHON_VAR} or here)")]
+    given = None if baselines_from is None else recorded_baselines(baselines_from, seeds)
     me = Path(__file__).resolve()
     two = len(os.sched_getaffinity(0)) >= 2
     cores = sorted(os.sched_getaffinity(0))[:2] if two else [None, None]
     results = {"imitation": [], "jaxweight": None}
     procs = []
     for seed in range(seeds):  # imitation runs its seeds one after another, on one core
-        procs.append(start("imitation", dict(dataclasses.asdict(s), relabel=relabel), seed, None, script=me,
+        procs.append(start("imitation", dict(dataclasses.asdict(s), relabel=relabel, input_norm=input_norm,
+                                             baseline=given is None), seed, None, script=me,
                            python=imitation_python(),
                            core=cores[0], show=True))
         if seed == 0:
-            jw = start("jaxweight", sizes, seeds, None, script=me, core=cores[1], show=True)
+            jw = start("jaxweight", dict(sizes, baseline=given is None), seeds, None, script=me, core=cores[1],
+                       show=True)
             if not two:
                 results["jaxweight"] = finish(jw, timeout=4 * 3600)
         results["imitation"].append(finish(procs[-1], timeout=4 * 3600))
@@ -266,10 +388,13 @@ def run(quick: bool = False, seeds: int = 1, relabel: bool = True) -> list[dict]
         results["jaxweight"] = finish(jw, timeout=4 * 3600)
     jwr = results["jaxweight"]
     how = (("at the same time, each pinned to one core" if two else "one after the other") + ", cold"
-           + ("" if relabel else "; imitation's replay not relabelled"))
+           + ("" if relabel else "; imitation's replay not relabelled")
+           + ("" if input_norm == "none" else f"; imitation's reward nets' input layer {input_norm}")
+           + ("" if given is None else f"; true-reward baselines from {baselines_from}"))
     recs = []
     for seed in range(seeds):
-        a, b = _side(results["imitation"][seed], 0), _side(jwr, seed)
+        a = _side(results["imitation"][seed], 0, None if given is None else given["imitation"][seed])
+        b = _side(jwr, seed, None if given is None else given["jaxweight"][seed])
         when = {k: "never" if v["time_to_target_s"] is None else f"{v['time_to_target_s']:.0f} s"
                 for k, v in (("imitation", a), ("jaxweight", b))}
         note = (f"seed {seed}: time to {TARGET} of the own true-reward baseline: imitation {when['imitation']}, "
@@ -286,14 +411,21 @@ def run(quick: bool = False, seeds: int = 1, relabel: bool = True) -> list[dict]
     ib = results["imitation"]
     recs.append(record(MODULE, f"whole loop ({s.num_iterations + 1} rounds), per seed", size, jwr["train_s"] / seeds,
                        "imitation + SB3 SAC, 1 seed", sum(r["train_s"] for r in ib) / seeds,
-                       note=f"loop wall, compilation and per-round evaluations included; {how}; true-reward "
-                            f"baselines: jaxweight {jwr['baseline_s']:.0f} s for {seeds} seed(s), imitation "
-                            f"{sum(r['baseline_s'] for r in ib):.0f} s",
+                       note=f"loop wall, compilation and per-round evaluations included; {how}" + (
+                           "" if given is not None else f"; true-reward baselines: jaxweight {jwr['baseline_s']:.0f} "
+                           f"s for {seeds} seed(s), imitation {sum(r['baseline_s'] for r in ib):.0f} s"),
                        imitation=ib, jaxweight=jwr))
     return recs
+
+
+def _arguments(p) -> None:
+    p.add_argument("--input-norm", dest="input_norm", default="none", choices=("none", "running", "tanh"),
+                   help="imitation's reward nets' input layer (run's input_norm)")
+    p.add_argument("--baselines-from", dest="baselines_from", metavar="JSON",
+                   help="both sides' true-reward baselines from this earlier results file of the bench")
 
 
 if __name__ == "__main__":
     from bench_preference_h2h import entry
 
-    entry({"imitation": _worker_imitation, "jaxweight": _worker_jaxweight}, run)
+    entry({"imitation": _worker_imitation, "jaxweight": _worker_jaxweight}, run, _arguments)

@@ -1,0 +1,75 @@
+"""The MuJoCo head-to-head's measures and options (bench/bench_preference_h2h_mujoco.py), without running
+either side: the time to a target fraction of a baseline, baselines read from an earlier results file, the
+argument checks, and the bench command line passing a script's own options to its ``run``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import _common  # noqa: E402
+import bench_preference_h2h_mujoco as h2h  # noqa: E402
+
+pytestmark = pytest.mark.fast
+
+
+def test_time_to_target_is_the_first_round_at_the_target_fraction_of_the_baseline():
+    marks, returns = [10.0, 20.0, 30.0, 40.0], [5.0, 500.0, 805.0, 1000.0]
+    # (805 - 5) / (1005 - 5) = 0.8: the third round is the first to reach it
+    assert h2h.time_to_target(marks, returns, baseline=1005.0, random=5.0) == 30.0
+    assert h2h.time_to_target(marks, returns, baseline=1005.0, random=5.0, target=0.4) == 20.0
+    assert h2h.time_to_target(marks, [5.0, 6.0, 7.0, 8.0], baseline=1005.0, random=5.0) is None
+    # a baseline no better than random defines no target
+    assert h2h.time_to_target(marks, returns, baseline=5.0, random=5.0) is None
+
+
+def test_side_normalises_against_a_given_baseline_instead_of_its_own():
+    r = dict(round_return=[[5.0, 900.0], [5.0, 900.0]], round_s=[1.0, 2.0], baseline_returns=[None, None],
+             random_returns=[0.0, 0.0], final_returns=[500.0, 500.0])
+    side = h2h._side(r, 0, baseline=1000.0)
+    assert side["final_normalised"] == pytest.approx(0.5) and side["time_to_target_s"] == 2.0
+    assert side["baseline"] == 1000.0 and side["round_reward_gap"] is None
+    # the per-round diagnostic: one list per seed for jaxweight's vmapped seeds, one list for imitation's
+    assert h2h._side(dict(r, round_reward_gap=[[0.1, 0.2], [0.3, 0.4]]), 1, 1000.0)["round_reward_gap"] == [0.3, 0.4]
+    assert h2h._side(dict(r, round_reward_gap=[0.1, 0.2]), 0, 1000.0)["round_reward_gap"] == [0.1, 0.2]
+
+
+def test_recorded_baselines_reads_both_sides_per_seed(tmp_path):
+    rows = [{"name": f"time to {h2h.TARGET} of the true-reward baseline, seed {i}",
+             "imitation": {"baseline": 900.0 + i}, "jaxweight": {"baseline": 950.0 + i}} for i in range(2)]
+    rows.append({"name": "whole loop (11 rounds), per seed"})
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(rows))
+    assert h2h.recorded_baselines(path, 2) == {"imitation": [900.0, 901.0], "jaxweight": [950.0, 951.0]}
+    with pytest.raises(ValueError, match="baselines_from.*seed 2"):
+        h2h.recorded_baselines(path, 3)
+
+
+def test_run_names_a_bad_input_norm_before_starting_anything():
+    with pytest.raises(ValueError, match="input_norm"):
+        h2h.run(input_norm="batch")
+
+
+def test_bench_main_passes_a_scripts_own_options_to_run(monkeypatch, tmp_path, capsys):
+    seen = {}
+
+    def run(quick=False, input_norm="none", baselines_from=None):
+        seen.update(quick=quick, input_norm=input_norm, baselines_from=baselines_from)
+        return []
+
+    out = tmp_path / "r.json"
+    monkeypatch.setattr(sys, "argv", ["bench", "--quick", "--input-norm", "tanh", "--baselines-from", "b.json",
+                                      "--json", str(out)])
+    _common.main(run, h2h._arguments)
+    assert seen == dict(quick=True, input_norm="tanh", baselines_from="b.json")
+    assert json.loads(out.read_text()) == []
+    monkeypatch.setattr(sys, "argv", ["bench", "--input-norm", "batch"])
+    with pytest.raises(SystemExit):
+        _common.main(run, h2h._arguments)
+    assert "invalid choice" in capsys.readouterr().err
