@@ -48,8 +48,8 @@ fallen (absorbing) ones, over the states of untrained-policy episodes (``round_r
 timed loop).
 
 ``python bench/bench_preference_h2h_mujoco.py [--quick] [--json P] [--input-norm none|running|tanh]
-[--baselines-from JSON]`` (``run(seeds=N)`` for N seeds a side, ``run(relabel=False)`` as above; ``--input-norm``
-the input layer of imitation's reward nets, ``--baselines-from`` both sides' true-reward baselines from an
+[--reward-norm] [--baselines-from JSON]`` (``run(seeds=N)`` for N seeds a side, ``run(relabel=False)`` as above; ``--input-norm``
+the input layer of imitation's reward nets, ``--reward-norm`` their output normalisation, ``--baselines-from`` both sides' true-reward baselines from an
 earlier results file instead of training them again: see :func:`run`) or
 ``python -m jaxweight bench --only preference_h2h_mujoco``.
 """
@@ -214,7 +214,8 @@ def _worker_imitation(sizes: dict, seed: int) -> dict:
     t0 = time.perf_counter()
 
     def gap():  # the ensemble's mean learned reward on upright states minus on fallen (absorbing) ones
-        r = [float(np.mean(ensemble.predict(o, np.zeros((len(o), 1), np.float32), o, np.zeros(len(o), bool))))
+        r = [float(np.mean(ensemble.predict(o, np.zeros((len(o), 1), np.float32), o, np.zeros(len(o), bool),
+                                            update_stats=False)))  # the probe leaves the normalisers alone
              for o in (upright, fallen)]
         return r[0] - r[1]
 
@@ -337,7 +338,7 @@ def recorded_baselines(path: str | Path, seeds: int) -> dict:
 
 
 def run(quick: bool = False, seeds: int = 1, relabel: bool = True, input_norm: str = "none",
-        baselines_from: str | None = None) -> list[dict]:
+        reward_norm: bool = False, baselines_from: str | None = None) -> list[dict]:
     """The head-to-head rows.
 
     Args:
@@ -348,6 +349,9 @@ def run(quick: bool = False, seeds: int = 1, relabel: bool = True, input_norm: s
         (``imitation.util.networks.RunningNorm``, what imitation's ``train_preference_comparisons`` script puts
         in front of a ``BasicRewardNet`` by default) or ``"tanh"`` (``tanh(obs)``: jaxweight's reward-net input
         on brax, whose observation space is unbounded).
+      reward_norm: each of imitation's reward nets inside ``NormalizedRewardNet(net, RunningNorm)`` (the output
+        normalisation imitation's script adds by default; jaxweight's loop standardises its agent's reward
+        over the buffer's transitions).
       baselines_from: a results file of this bench whose per-seed rows give both sides' true-reward baselines
         (same settings and seeds); neither side then trains its baseline again.
     """
@@ -375,7 +379,7 @@ def run(quick: bool = False, seeds: int = 1, relabel: bool = True, input_norm: s
     procs = []
     for seed in range(seeds):  # imitation runs its seeds one after another, on one core
         procs.append(start("imitation", dict(dataclasses.asdict(s), relabel=relabel, input_norm=input_norm,
-                                             baseline=given is None), seed, None, script=me,
+                                             reward_norm=reward_norm, baseline=given is None), seed, None, script=me,
                            python=imitation_python(),
                            core=cores[0], show=True))
         if seed == 0:
@@ -390,6 +394,7 @@ def run(quick: bool = False, seeds: int = 1, relabel: bool = True, input_norm: s
     how = (("at the same time, each pinned to one core" if two else "one after the other") + ", cold"
            + ("" if relabel else "; imitation's replay not relabelled")
            + ("" if input_norm == "none" else f"; imitation's reward nets' input layer {input_norm}")
+           + ("" if not reward_norm else "; imitation's reward nets' output normalised (RunningNorm)")
            + ("" if given is None else f"; true-reward baselines from {baselines_from}"))
     recs = []
     for seed in range(seeds):
@@ -421,6 +426,8 @@ def run(quick: bool = False, seeds: int = 1, relabel: bool = True, input_norm: s
 def _arguments(p) -> None:
     p.add_argument("--input-norm", dest="input_norm", default="none", choices=("none", "running", "tanh"),
                    help="imitation's reward nets' input layer (run's input_norm)")
+    p.add_argument("--reward-norm", dest="reward_norm", action="store_true",
+                   help="imitation's reward nets' output through RunningNorm (run's reward_norm)")
     p.add_argument("--baselines-from", dest="baselines_from", metavar="JSON",
                    help="both sides' true-reward baselines from this earlier results file of the bench")
 

@@ -59,15 +59,15 @@ def test_run_names_a_bad_input_norm_before_starting_anything():
 def test_bench_main_passes_a_scripts_own_options_to_run(monkeypatch, tmp_path, capsys):
     seen = {}
 
-    def run(quick=False, input_norm="none", baselines_from=None):
-        seen.update(quick=quick, input_norm=input_norm, baselines_from=baselines_from)
+    def run(quick=False, input_norm="none", reward_norm=False, baselines_from=None):
+        seen.update(quick=quick, input_norm=input_norm, reward_norm=reward_norm, baselines_from=baselines_from)
         return []
 
     out = tmp_path / "r.json"
-    monkeypatch.setattr(sys, "argv", ["bench", "--quick", "--input-norm", "tanh", "--baselines-from", "b.json",
-                                      "--json", str(out)])
+    monkeypatch.setattr(sys, "argv", ["bench", "--quick", "--input-norm", "tanh", "--reward-norm",
+                                      "--baselines-from", "b.json", "--json", str(out)])
     _common.main(run, h2h._arguments)
-    assert seen == dict(quick=True, input_norm="tanh", baselines_from="b.json")
+    assert seen == dict(quick=True, input_norm="tanh", reward_norm=True, baselines_from="b.json")
     assert json.loads(out.read_text()) == []
     monkeypatch.setattr(sys, "argv", ["bench", "--input-norm", "batch"])
     with pytest.raises(SystemExit):
