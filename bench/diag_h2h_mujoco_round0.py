@@ -35,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 PAIRS, FRAGMENT, EPISODES, MEMBERS, EPOCHS = 200, 50, 20, 3, 200.0
 
 
+# provenance and the atomic write kept here: the export and imitation modes run in imitation's environment, which
+# has no jax, so neither bench/_common nor jaxweight._util can be imported there
 def _provenance() -> dict:
     root = Path(__file__).resolve().parents[1]
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
