@@ -34,9 +34,10 @@ agent). ``run(relabel=False)`` leaves imitation's replay with the reward each tr
 (``AgentTrainer``'s ``RewardVecEnvWrapper`` alone). Each side is judged against its own agent's true-reward
 baseline, so these differences count in the quality column, not in the time.
 
-The two sides run at the same time in fresh processes, each pinned to one of the machine's cores (with fewer than
-two cores, one after the other), cold: JAX's persistent compilation cache off. One row per seed compares the time
-to 0.8 (``ratio`` = imitation's / jaxweight's); a last row the whole loop's wall.
+Every side's seed runs in a fresh process pinned to one of the machine's cores, cold (JAX's persistent compilation
+cache off); a seed's two sides start next to each other, each next process on the first core to fall free (with
+one core, one after the other). One row per seed compares the time to 0.8 (``ratio`` = imitation's /
+jaxweight's); a last row the whole loop's wall per seed.
 
 The rows run only when ``imitation``, ``stable_baselines3``, ``seals``, ``torch``, ``mujoco`` and ``brax`` are
 importable (imitation's side: ``pip install imitation==1.0.1 torch==2.13.0 'mujoco<3.2' imageio`` in an
@@ -47,10 +48,11 @@ A diagnostic in both workers: after every round, the learned reward's ensemble m
 fallen (absorbing) ones, over the states of untrained-policy episodes (``round_reward_gap``; kept out of the
 timed loop).
 
-``python bench/bench_preference_h2h_mujoco.py [--quick] [--json P] [--input-norm none|running|tanh]
-[--reward-norm] [--baselines-from JSON]`` (``run(seeds=N)`` for N seeds a side, ``run(relabel=False)`` as above; ``--input-norm``
-the input layer of imitation's reward nets, ``--reward-norm`` their output normalisation, ``--baselines-from`` both sides' true-reward baselines from an
-earlier results file instead of training them again: see :func:`run`) or
+``python bench/bench_preference_h2h_mujoco.py [--quick] [--json P] [--seeds N] [--input-norm none|running|tanh]
+[--reward-norm] [--baselines-from JSON | --baseline-ceiling] [--parts DIR]`` (``run(relabel=False)`` as above; see
+:func:`run` for each option: ``--input-norm`` and ``--reward-norm`` set imitation's reward nets' input layer and
+output normalisation, ``--baselines-from`` and ``--baseline-ceiling`` replace the trained true-reward baselines,
+``--parts`` keeps every finished seed so that an interrupted run resumes) or
 ``python -m jaxweight bench --only preference_h2h_mujoco``.
 """
 
@@ -277,6 +279,7 @@ def _worker_jaxweight(sizes: dict, seeds: int) -> dict:
 
     sizes = dict(sizes)
     with_baseline = sizes.pop("baseline", True)
+    seed = int(sizes.pop("seed", 0))  # the run's seed (``seeds`` vmapped seeds split from it)
     s = _settings(sizes, seeds)
     t0 = time.perf_counter()
     pc = D.build(s)
@@ -288,10 +291,10 @@ def _worker_jaxweight(sizes: dict, seeds: int) -> dict:
         print(f"[jaxweight] round {i}: true return {np.asarray(host['gt_return']).round(1).tolist()} at "
               f"{marks[-1]:.0f} s", file=sys.stderr, flush=True)
 
-    pc.train(0, s.total_timesteps, s.total_comparisons, num_seeds=seeds, progress=each_round)
+    pc.train(seed, s.total_timesteps, s.total_comparisons, num_seeds=seeds, progress=each_round)
     train_s = time.perf_counter() - t0
     gaps = _jaxweight_gaps(pc, params)
-    key = jax.random.key(0)
+    key = jax.random.key(seed)
     final = D.evaluate(pc, s, jax.random.fold_in(key, 1))
     agent_total = sum(pc.plan(s.total_timesteps, s.total_comparisons).agent_steps)
     t1 = time.perf_counter()
@@ -337,13 +340,52 @@ def recorded_baselines(path: str | Path, seeds: int) -> dict:
     return out
 
 
+def _jobs(seeds: int) -> list[tuple[str, int]]:
+    """The workers of a paired run, in the order they start: each seed's two sides next to each other, so that
+    the seeds finish in pairs (each side's seed ``k`` is a process of its own)."""
+    return [(side, seed) for seed in range(seeds) for side in ("imitation", "jaxweight")]
+
+
+def _schedule(jobs: list, cores: list, launch, done) -> None:
+    """Run ``launch(job, core)`` (a started worker) for every job, at most one per core at a time, each next job
+    on the first core to fall free; ``done(job, result)`` as each finishes (in this thread, in finishing order)."""
+    import queue  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    from bench_preference_h2h import finish  # noqa: PLC0415
+
+    free, out = queue.Queue(), queue.Queue()
+    for c in cores:
+        free.put(c)
+
+    def one(job, core):
+        try:
+            out.put((job, core, finish(launch(job, core), timeout=4 * 3600), None))
+        except BaseException as e:  # noqa: BLE001  (reported in the calling thread)
+            out.put((job, core, None, e))
+
+    pending, running = list(jobs), 0
+    while pending or running:
+        while pending and not free.empty():
+            threading.Thread(target=one, args=(pending.pop(0), free.get()), daemon=True).start()
+            running += 1
+        job, core, result, err = out.get()
+        running -= 1
+        free.put(core)
+        if err is not None:
+            raise RuntimeError(f"head-to-head worker {job[0]} seed {job[1]} failed") from err
+        done(job, result)
+
+
 def run(quick: bool = False, seeds: int = 1, relabel: bool = True, input_norm: str = "none",
-        reward_norm: bool = False, baselines_from: str | None = None) -> list[dict]:
+        reward_norm: bool = False, baselines_from: str | None = None, baseline_ceiling: bool = False,
+        parts: str | None = None) -> list[dict]:
     """The head-to-head rows.
 
     Args:
       quick: the quick settings (no goal judged).
-      seeds: seeds a side (imitation's one after another, jaxweight's vmapped).
+      seeds: seeds a side; every side's seed is a fresh process pinned to a core of its own, the next one
+        starting on the first core to fall free (a seed's two sides start next to each other).
       relabel: imitation's SAC relabels its replay with the current reward model.
       input_norm: imitation's reward nets' input layer: ``"none"`` (raw observations), ``"running"``
         (``imitation.util.networks.RunningNorm``, what imitation's ``train_preference_comparisons`` script puts
@@ -354,11 +396,21 @@ def run(quick: bool = False, seeds: int = 1, relabel: bool = True, input_norm: s
         over the buffer's transitions).
       baselines_from: a results file of this bench whose per-seed rows give both sides' true-reward baselines
         (same settings and seeds); neither side then trains its baseline again.
+      baseline_ceiling: both sides' baseline is the task's maximum return (``HORIZON``: 1 per upright step)
+        instead of a trained agent's; no baseline is trained. No true-reward agent can beat the maximum, so
+        the normalised scores and the times to the target are then the strictest ones (a lower bound on the
+        score, an upper bound on the time, against any true-reward baseline).
+      parts: a folder where every side's seed is written as it finishes (``<side>-seed<k>.json``, atomically,
+        with the settings it ran with); a later run with the same folder and settings reuses them.
     """
     if input_norm not in ("none", "running", "tanh"):
         raise ValueError(f"input_norm must be 'none', 'running' or 'tanh', not {input_norm!r}")
+    if seeds < 1:
+        raise ValueError(f"seeds must be at least 1, not {seeds}")
+    if baseline_ceiling and baselines_from is not None:
+        raise ValueError("baseline_ceiling and baselines_from both name the baselines: give one")
     from _common import record  # noqa: PLC0415
-    from bench_preference_h2h import PYTHON_VAR, finish, imitation_python, start  # noqa: PLC0415
+    from bench_preference_h2h import PYTHON_VAR, imitation_python, start  # noqa: PLC0415
 
     sizes = QUICK if quick else FULL
     missing = peers_missing()
@@ -371,39 +423,65 @@ def run(quick: bool = False, seeds: int = 1, relabel: bool = True, input_norm: s
                        size, None, "skipped", None,
                        note=f"skipped: {', '.join(missing)} not importable (jaxweight[brax] here; pip install "
                             f"imitation==1.0.1 torch==2.13.0 'mujoco<3.2' imageio in ${PYTHON_VAR} or here)")]
-    given = None if baselines_from is None else recorded_baselines(baselines_from, seeds)
+    given = (recorded_baselines(baselines_from, seeds) if baselines_from is not None
+             else {side: [float(HORIZON)] * seeds for side in ("imitation", "jaxweight")} if baseline_ceiling
+             else None)
     me = Path(__file__).resolve()
-    two = len(os.sched_getaffinity(0)) >= 2
-    cores = sorted(os.sched_getaffinity(0))[:2] if two else [None, None]
-    results = {"imitation": [], "jaxweight": None}
-    procs = []
-    for seed in range(seeds):  # imitation runs its seeds one after another, on one core
-        procs.append(start("imitation", dict(dataclasses.asdict(s), relabel=relabel, input_norm=input_norm,
-                                             reward_norm=reward_norm, baseline=given is None), seed, None, script=me,
-                           python=imitation_python(),
-                           core=cores[0], show=True))
-        if seed == 0:
-            jw = start("jaxweight", dict(sizes, baseline=given is None), seeds, None, script=me, core=cores[1],
-                       show=True)
-            if not two:
-                results["jaxweight"] = finish(jw, timeout=4 * 3600)
-        results["imitation"].append(finish(procs[-1], timeout=4 * 3600))
-    if results["jaxweight"] is None:
-        results["jaxweight"] = finish(jw, timeout=4 * 3600)
-    jwr = results["jaxweight"]
-    how = (("at the same time, each pinned to one core" if two else "one after the other") + ", cold"
+    affinity = sorted(os.sched_getaffinity(0))
+    two = len(affinity) >= 2
+    cores = affinity[: 2 * seeds] if two else [None]
+    worker_sizes = {"imitation": dict(dataclasses.asdict(s), relabel=relabel, input_norm=input_norm,
+                                      reward_norm=reward_norm, baseline=given is None),
+                    "jaxweight": dict(sizes, baseline=given is None)}
+    results = {"imitation": [None] * seeds, "jaxweight": [None] * seeds}
+    folder = None if parts is None else Path(parts)
+
+    def part(side, seed):
+        return folder / f"{side}-seed{seed}.json"
+
+    def launch(job, core):
+        side, seed = job
+        if side == "imitation":
+            return start(side, dict(worker_sizes[side]), seed, None, script=me, python=imitation_python(),
+                         core=core, show=True)
+        return start(side, dict(worker_sizes[side], seed=seed), 1, None, script=me, core=core, show=True)
+
+    def done(job, result):
+        results[job[0]][job[1]] = result
+        if folder is not None:
+            from jaxweight._util import atomic_write_json  # noqa: PLC0415
+
+            atomic_write_json(part(*job), dict(settings=worker_sizes[job[0]], cores=len(cores), result=result))
+
+    jobs = _jobs(seeds)
+    if folder is not None:  # finished parts of an earlier run with the same settings
+        import json  # noqa: PLC0415
+
+        folder.mkdir(parents=True, exist_ok=True)
+        for job in list(jobs):
+            if part(*job).exists():
+                kept = json.loads(part(*job).read_text())
+                if kept["settings"] != json.loads(json.dumps(worker_sizes[job[0]])):  # tuples read back as lists
+                    raise ValueError(f"parts: {part(*job)} ran with other settings; give another folder")
+                results[job[0]][job[1]] = kept["result"]
+                jobs.remove(job)
+    _schedule(jobs, cores, launch, done)
+    how = ((f"every side's seed a fresh process pinned to one core, {len(cores)} cores" if two
+            else "one after the other on one core") + ", cold"
            + ("" if relabel else "; imitation's replay not relabelled")
            + ("" if input_norm == "none" else f"; imitation's reward nets' input layer {input_norm}")
            + ("" if not reward_norm else "; imitation's reward nets' output normalised (RunningNorm)")
-           + ("" if given is None else f"; true-reward baselines from {baselines_from}"))
+           + ("" if baselines_from is None else f"; true-reward baselines from {baselines_from}")
+           + ("" if not baseline_ceiling else f"; both baselines the task's maximum return {HORIZON}, no "
+              "baseline trained (the strictest normalisation)"))
     recs = []
     for seed in range(seeds):
         a = _side(results["imitation"][seed], 0, None if given is None else given["imitation"][seed])
-        b = _side(jwr, seed, None if given is None else given["jaxweight"][seed])
+        b = _side(results["jaxweight"][seed], 0, None if given is None else given["jaxweight"][seed])
         when = {k: "never" if v["time_to_target_s"] is None else f"{v['time_to_target_s']:.0f} s"
                 for k, v in (("imitation", a), ("jaxweight", b))}
         note = (f"seed {seed}: time to {TARGET} of the own true-reward baseline: imitation {when['imitation']}, "
-                f"jaxweight {when['jaxweight']}{'' if seeds == 1 else f' (of {seeds} vmapped seeds)'}; final "
+                f"jaxweight {when['jaxweight']}; final "
                 f"normalised imitation {a['final_normalised']:.2f} ({a['final']:.1f}; baseline {a['baseline']:.1f}, "
                 f"random {a['random']:.1f}), jaxweight {b['final_normalised']:.2f} ({b['final']:.1f}; baseline "
                 f"{b['baseline']:.1f}, random {b['random']:.1f}); {how}")
@@ -413,23 +491,31 @@ def run(quick: bool = False, seeds: int = 1, relabel: bool = True, input_norm: s
                            met=None if quick else (a["time_to_target_s"] is not None
                                                    and b["time_to_target_s"] is not None),
                            note=note, imitation=a, jaxweight=b))
-    ib = results["imitation"]
-    recs.append(record(MODULE, f"whole loop ({s.num_iterations + 1} rounds), per seed", size, jwr["train_s"] / seeds,
-                       "imitation + SB3 SAC, 1 seed", sum(r["train_s"] for r in ib) / seeds,
+    ib, jb = results["imitation"], results["jaxweight"]
+    recs.append(record(MODULE, f"whole loop ({s.num_iterations + 1} rounds), per seed", size,
+                       sum(r["train_s"] for r in jb) / seeds, f"imitation + SB3 SAC, {seeds} seed(s)",
+                       sum(r["train_s"] for r in ib) / seeds,
                        note=f"loop wall, compilation and per-round evaluations included; {how}" + (
-                           "" if given is not None else f"; true-reward baselines: jaxweight {jwr['baseline_s']:.0f} "
-                           f"s for {seeds} seed(s), imitation {sum(r['baseline_s'] for r in ib):.0f} s"),
-                       imitation=ib, jaxweight=jwr))
+                           "" if given is not None else f"; true-reward baselines: jaxweight "
+                           f"{sum(r['baseline_s'] for r in jb):.0f} s, imitation "
+                           f"{sum(r['baseline_s'] for r in ib):.0f} s for {seeds} seed(s)"),
+                       imitation=ib, jaxweight=jb))
     return recs
 
 
 def _arguments(p) -> None:
+    p.add_argument("--seeds", type=int, default=1, help="seeds a side (run's seeds)")
     p.add_argument("--input-norm", dest="input_norm", default="none", choices=("none", "running", "tanh"),
                    help="imitation's reward nets' input layer (run's input_norm)")
     p.add_argument("--reward-norm", dest="reward_norm", action="store_true",
                    help="imitation's reward nets' output through RunningNorm (run's reward_norm)")
     p.add_argument("--baselines-from", dest="baselines_from", metavar="JSON",
                    help="both sides' true-reward baselines from this earlier results file of the bench")
+    p.add_argument("--baseline-ceiling", dest="baseline_ceiling", action="store_true",
+                   help=f"both sides' baseline the task's maximum return ({HORIZON}); no baseline trained")
+    p.add_argument("--parts", metavar="DIR",
+                   help="write every side's seed here as it finishes; reuse the ones a run with the same "
+                        "settings left")
 
 
 if __name__ == "__main__":

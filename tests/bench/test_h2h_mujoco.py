@@ -59,17 +59,65 @@ def test_run_names_a_bad_input_norm_before_starting_anything():
 def test_bench_main_passes_a_scripts_own_options_to_run(monkeypatch, tmp_path, capsys):
     seen = {}
 
-    def run(quick=False, input_norm="none", reward_norm=False, baselines_from=None):
-        seen.update(quick=quick, input_norm=input_norm, reward_norm=reward_norm, baselines_from=baselines_from)
+    def run(quick=False, seeds=1, input_norm="none", reward_norm=False, baselines_from=None,
+            baseline_ceiling=False, parts=None):
+        seen.update(quick=quick, seeds=seeds, input_norm=input_norm, reward_norm=reward_norm,
+                    baselines_from=baselines_from, baseline_ceiling=baseline_ceiling, parts=parts)
         return []
 
     out = tmp_path / "r.json"
-    monkeypatch.setattr(sys, "argv", ["bench", "--quick", "--input-norm", "tanh", "--reward-norm",
-                                      "--baselines-from", "b.json", "--json", str(out)])
+    monkeypatch.setattr(sys, "argv", ["bench", "--quick", "--seeds", "3", "--input-norm", "tanh", "--reward-norm",
+                                      "--baselines-from", "b.json", "--parts", "p", "--json", str(out)])
     _common.main(run, h2h._arguments)
-    assert seen == dict(quick=True, input_norm="tanh", reward_norm=True, baselines_from="b.json")
+    assert seen == dict(quick=True, seeds=3, input_norm="tanh", reward_norm=True, baselines_from="b.json",
+                        baseline_ceiling=False, parts="p")
     assert json.loads(out.read_text()) == []
     monkeypatch.setattr(sys, "argv", ["bench", "--input-norm", "batch"])
     with pytest.raises(SystemExit):
         _common.main(run, h2h._arguments)
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_jobs_start_each_seeds_two_sides_next_to_each_other():
+    assert h2h._jobs(2) == [("imitation", 0), ("jaxweight", 0), ("imitation", 1), ("jaxweight", 1)]
+
+
+class _Done:
+    """A started worker that has finished (what ``finish`` reads), recording the core it ran on."""
+
+    def __init__(self, job, core, log):
+        log.append((job, core))
+        self.args = ["python", "script", "--worker", job[0]]
+        self.returncode = 0
+        self.job = job
+
+    def communicate(self, timeout=None):
+        return json.dumps({"job": list(self.job)}) + "\n", None
+
+
+def test_schedule_runs_every_job_once_at_most_one_per_core():
+    started, finished = [], []
+    jobs = h2h._jobs(3)
+    h2h._schedule(jobs, [4, 7], lambda job, core: _Done(job, core, started),
+                  lambda job, result: finished.append((job, tuple(result["job"]))))
+    assert sorted(j for j, _ in started) == sorted(jobs)
+    assert {c for _, c in started} <= {4, 7}
+    assert [j for j, _ in started][:2] == jobs[:2]  # the first two start first, one per core
+    assert sorted(finished) == sorted((j, j) for j in jobs)  # each result goes with its own job
+
+
+def test_schedule_names_the_worker_that_failed():
+    class Failed(_Done):
+        def communicate(self, timeout=None):
+            self.returncode = 1
+            return "", "boom"
+
+    with pytest.raises(RuntimeError, match="imitation seed 0"):
+        h2h._schedule([("imitation", 0)], [None], lambda job, core: Failed(job, core, []), lambda j, r: None)
+
+
+def test_run_names_bad_seeds_and_two_baseline_sources_before_starting_anything():
+    with pytest.raises(ValueError, match="seeds"):
+        h2h.run(seeds=0)
+    with pytest.raises(ValueError, match="baseline_ceiling and baselines_from"):
+        h2h.run(baseline_ceiling=True, baselines_from="b.json")
