@@ -31,7 +31,15 @@ seals MuJoCo suite:
   that sees an ever-growing position learns far slower (HalfCheetah on a
   GPU: ``bench/results/gpu-h200-2026-11-27-ppo-brax-halfcheetah-*.json``);
 - actions are ``f32[action_size]`` in ``[-1, 1]`` (brax scales them to the
-  actuators' ranges); the reward is brax's ``State.reward``.
+  actuators' ranges); the reward is brax's ``State.reward``;
+- a step whose simulation diverges (a non-finite observation or reward, or an
+  observation entry of magnitude :data:`DIVERGED` or more: brax's Ant blows up
+  under some actions with ``terminate_when_unhealthy=False``) is contained: it
+  keeps the last finite state and observation, pays 0 and terminates, so the
+  episode absorbs in that finite state; ``info["diverged"]`` marks it, so that a
+  rollout can count them. (MuJoCo's C engine resets a simulation whose
+  accelerations blow up; brax's JAX pipelines cannot, and their NaNs would reach
+  the returns, the reward model and the agent.)
 
 Constructor arguments go through ``make_env("brax:hopper", backend="positional",
 reset_noise_scale=0.01)``.
@@ -52,14 +60,21 @@ import inspect
 import warnings
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from flax import struct
 from gymnax.environments import environment, spaces
 
-__all__ = ["BraxEnv", "BraxParams", "brax_names", "make_brax", "DEFAULT_HORIZON"]
+from jaxweight.rl.fixed_horizon import _keep
+
+__all__ = ["BraxEnv", "BraxParams", "brax_names", "make_brax", "DEFAULT_HORIZON", "DIVERGED"]
 
 #: the horizon of a brax id without ``horizon=`` (brax's training ``episode_length``, seals' MuJoCo horizon)
 DEFAULT_HORIZON = 1000
+
+#: an observation entry at or above this magnitude (or a non-finite one, or a non-finite reward) is a diverged
+#: simulation: far beyond any physical state of brax's tasks (positions in m, velocities in m/s or rad/s)
+DIVERGED = 1e6
 
 #: the constructor argument that drops the current position from the observation (seals keeps it)
 _POSITIONS = "exclude_current_positions_from_observation"
@@ -142,10 +157,16 @@ class BraxEnv(environment.Environment):
         # episodes on a fall): step a copy, so that the caller's state stays as it was
         state = state.replace(metrics=dict(state.metrics), info=dict(state.info))
         with _quiet():
-            state = self.brax_env.step(state, a)
-        terminated = jnp.reshape(state.done, ()) > 0.5
-        return jnp.asarray(state.obs, jnp.float32), state, jnp.reshape(jnp.asarray(state.reward, jnp.float32), ()), \
-            terminated, {}
+            new = self.brax_env.step(state, a)
+        obs = jnp.asarray(new.obs, jnp.float32)
+        reward = jnp.reshape(jnp.asarray(new.reward, jnp.float32), ())
+        # a diverged simulation (brax's Ant can blow up under some actions) is contained: the step keeps the
+        # last finite state, pays 0 and terminates, so the wrapping FixedHorizon absorbs in a finite state
+        ok = jnp.all(jnp.isfinite(obs)) & jnp.isfinite(reward) & (jnp.max(jnp.abs(obs)) < DIVERGED)
+        new = jax.tree.map(lambda n, o: _keep(~ok, n, o), new, state)
+        terminated = (jnp.reshape(new.done, ()) > 0.5) | ~ok
+        return (jnp.where(ok, obs, jnp.asarray(state.obs, jnp.float32)), new, jnp.where(ok, reward, 0.0), terminated,
+                {"diverged": ~ok})
 
     def get_obs(self, state, params=None, key=None):
         return jnp.asarray(state.obs, jnp.float32)

@@ -50,6 +50,9 @@ __all__ = ["FixedHorizon", "FixedHorizonParams", "FixedHorizonState", "default_h
 
 Array = jax.Array
 
+#: the inner environment's boolean step marks that ``step_env``'s info passes on (False while absorbing)
+_MARKS = ("diverged",)
+
 #: observation bounds at or above this are treated as unbounded by :attr:`FixedHorizon.obs_scale`
 _UNBOUNDED = 1e6
 
@@ -155,8 +158,9 @@ class FixedHorizon(environment.Environment):
     ``params.max_steps_in_episode`` and ``info = {"discount": f32[], "absorbing":
     bool[], "entered_absorbing": bool[]}`` (``absorbing``: this step was taken in
     the absorbing state; ``entered_absorbing``: the inner environment terminated on
-    this step, so the next ones absorb); the inner state keeps the dtypes and
-    shapes it had at reset.
+    this step, so the next ones absorb; and the inner environment's own
+    ``"diverged"`` mark where it has one: :class:`~jaxweight.rl.brax_envs.BraxEnv`);
+    the inner state keeps the dtypes and shapes it had at reset.
 
     Raises:
       ValueError: ``horizon`` not an int >= 1, or ``None`` for an environment
@@ -216,7 +220,8 @@ class FixedHorizon(environment.Environment):
         return self._inner_params if params is None else params.env_params
 
     def step_env(self, key, state: FixedHorizonState, action, params: FixedHorizonParams):
-        obs, env_state, reward, terminated, _ = self._inner.step_env(key, state.env_state, action, params.env_params)
+        obs, env_state, reward, terminated, inner = self._inner.step_env(key, state.env_state, action,
+                                                                         params.env_params)
         absorbing = state.absorbing
         env_state = jax.tree.map(lambda new, old: _keep(absorbing, new, old), env_state, state.env_state)
         obs = _keep(absorbing, obs, state.obs)
@@ -224,7 +229,9 @@ class FixedHorizon(environment.Environment):
         time = state.time + 1
         done = time >= params.max_steps_in_episode
         terminated = jnp.reshape(jnp.asarray(terminated), ()).astype(bool)
-        info = {"discount": jnp.where(done, 0.0, 1.0).astype(jnp.float32), "absorbing": absorbing,
+        marks = {k: jnp.asarray(inner[k], bool) & ~absorbing  # the inner step's marks, while it steps
+                 for k in _MARKS if isinstance(inner, dict) and k in inner}
+        info = {**marks, "discount": jnp.where(done, 0.0, 1.0).astype(jnp.float32), "absorbing": absorbing,
                 "entered_absorbing": ~absorbing & terminated}
         return obs, FixedHorizonState(env_state, obs, time, absorbing | terminated), reward, done, info
 

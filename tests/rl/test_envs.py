@@ -242,3 +242,65 @@ def test_mirrored_reward_is_exactly_symmetric_and_refuses_bad_mirrors():
             reward_net(env, p, mirror=bad)
     with pytest.raises(ValueError, match="continuous actions"):
         reward_net(make_env("cartpole")[0], mirror=(-1.0,) * 4)
+
+
+# ------------------------------------------------------------------ a diverging simulation (brax's Ant)
+from flax import struct  # noqa: E402
+
+from jaxweight.rl.brax_envs import DIVERGED, BraxEnv  # noqa: E402  (brax itself is not imported)
+from jaxweight.rl.fixed_horizon import FixedHorizon  # noqa: E402
+
+
+@struct.dataclass
+class _SimState:
+    """The fields of a brax ``State`` that :class:`BraxEnv` reads."""
+
+    pipeline_state: jax.Array
+    obs: jax.Array
+    reward: jax.Array
+    done: jax.Array
+    metrics: dict
+    info: dict
+
+
+class _Unstable:
+    """A brax-like env whose state grows tenfold a step (plus the action): it passes ``DIVERGED`` on the
+    seventh step of full pushes; with ``nan_above`` its observation turns NaN past that value instead."""
+
+    observation_size, action_size = 2, 1
+
+    def __init__(self, nan_above=None):
+        self.nan_above = nan_above
+
+    def reset(self, key):
+        z = jnp.zeros(2)
+        return _SimState(z, z, jnp.zeros(()), jnp.zeros(()), {"speed": jnp.zeros(())}, {"steps": jnp.zeros((), jnp.int32)})
+
+    def step(self, s, a):
+        q = s.pipeline_state * 10.0 + a[0]
+        obs = q if self.nan_above is None else jnp.where(q > self.nan_above, jnp.nan, q)
+        return s.replace(pipeline_state=q, obs=obs, reward=obs[0], metrics={"speed": q[1]},
+                         info={"steps": s.info["steps"] + 1})
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("nan_above", [None, 1e3])
+def test_a_diverged_simulation_absorbs_in_its_last_finite_state(nan_above):
+    env = FixedHorizon(BraxEnv(_Unstable(nan_above), "unstable"), horizon=10, env_id="test:unstable")
+    p = env.default_params
+    _, s = env.reset_env(jax.random.key(0), p)
+
+    def step(s, k):
+        o, s, r, d, info = env.step_env(k, s, jnp.ones(1), p)
+        return s, (o, r, info["diverged"], info["absorbing"])
+
+    _, (obs, rew, diverged, absorbing) = jax.jit(lambda s: jax.lax.scan(step, s, jax.random.split(jax.random.key(1), 10)))(s)
+    last = 111111.0 if nan_above is None else 111.0  # 1, 11, 111, ...: the last entry below the bound
+    n = 6 if nan_above is None else 3  # finite steps before the one that diverges
+    assert np.all(np.isfinite(obs)) and np.all(np.isfinite(rew))
+    np.testing.assert_allclose(rew[:n], [float("1" * (i + 1)) for i in range(n)])
+    assert np.all(rew[n:] == 0.0)  # the diverged step pays nothing, nor do the absorbing ones after it
+    np.testing.assert_allclose(obs[n - 1:], last)  # the last finite observation, repeated
+    assert diverged.tolist() == [False] * n + [True] + [False] * (9 - n)  # marked once, not while absorbing
+    assert absorbing.tolist() == [False] * (n + 1) + [True] * (9 - n)
+    assert last < DIVERGED <= 10 * last + 1  # the bound the values above assume
