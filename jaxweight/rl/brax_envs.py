@@ -155,15 +155,14 @@ class BraxEnv(environment.Environment):
         a = jnp.reshape(jnp.asarray(action, jnp.float32), (self.action_size,))
         # brax's envs update state.metrics in place (hopper's and walker2d's with a Python float when they end
         # episodes on a fall): step a copy, so that the caller's state stays as it was
-        state = state.replace(metrics=dict(state.metrics), info=dict(state.info))
         with _quiet():
-            new = self.brax_env.step(state, a)
+            new = self.brax_env.step(state.replace(metrics=dict(state.metrics), info=dict(state.info)), a)
         obs = jnp.asarray(new.obs, jnp.float32)
         reward = jnp.reshape(jnp.asarray(new.reward, jnp.float32), ())
         # a diverged simulation (brax's Ant can blow up under some actions) is contained: the step keeps the
         # last finite state, pays 0 and terminates, so the wrapping FixedHorizon absorbs in a finite state
         ok = jnp.all(jnp.isfinite(obs)) & jnp.isfinite(reward) & (jnp.max(jnp.abs(obs)) < DIVERGED)
-        new = jax.tree.map(lambda n, o: _keep(~ok, n, o), new, state)
+        new = jax.tree.map(lambda n, o: _keep(~ok, n, jnp.asarray(o)), new, state)
         terminated = (jnp.reshape(new.done, ()) > 0.5) | ~ok
         return (jnp.where(ok, obs, jnp.asarray(state.obs, jnp.float32)), new, jnp.where(ok, reward, 0.0), terminated,
                 {"diverged": ~ok})
