@@ -186,7 +186,8 @@ SAC_SETTINGS = dict(total_timesteps=300_000, learning_rate=3e-4, gamma=0.99, rew
 #: docs/results/mujoco.md ("The demo's defaults") names the results file behind each row; ``seed_wall_s`` is that
 #: file's wall time on 2 CPU cores per seed (None: never timed), from which a run that would pass an hour says so
 #: before it starts. Tasks not listed, and the gymnax ids, default to PPO. walker2d and ant get SAC by analogy
-#: with halfcheetah and hopper (PPO was never run on them; ant's quick run diverges, see the table).
+#: with halfcheetah and hopper (PPO was never run on them; ant's quick run diverged before brax_envs contained
+#: that, see the table).
 BRAX_DEFAULTS = {
     "inverted_pendulum": dict(agent="sac", total_timesteps=100_000, seed_wall_s=1_174.0),
     "inverted_double_pendulum": dict(agent="sac", total_timesteps=100_000, seed_wall_s=1_677.0),
