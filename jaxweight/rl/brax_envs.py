@@ -164,8 +164,7 @@ class BraxEnv(environment.Environment):
         ok = jnp.all(jnp.isfinite(obs)) & jnp.isfinite(reward) & (jnp.max(jnp.abs(obs)) < DIVERGED)
         new = jax.tree.map(lambda n, o: _keep(~ok, n, jnp.asarray(o)), new, state)
         terminated = (jnp.reshape(new.done, ()) > 0.5) | ~ok
-        return (jnp.where(ok, obs, jnp.asarray(state.obs, jnp.float32)), new, jnp.where(ok, reward, 0.0), terminated,
-                {"diverged": ~ok})
+        return jnp.asarray(new.obs, jnp.float32), new, jnp.where(ok, reward, 0.0), terminated, {"diverged": ~ok}
 
     def get_obs(self, state, params=None, key=None):
         return jnp.asarray(state.obs, jnp.float32)
