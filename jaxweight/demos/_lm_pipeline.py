@@ -41,6 +41,8 @@ ARM_FLAGS = {
     "grpo_dynamic": (False, False, True, False, False),
     "maxent_uniform": (False, True, False, False, False),
     "full_kl_controller": (True, True, True, True, True),
+    "full_no_maxent": (True, False, True, True, False),
+    "full_no_curriculum": (False, True, True, True, False),
 }
 ARMS = tuple(ARM_FLAGS)
 EVAL_SETS = ("heldout", "validation", "inpool")

@@ -473,6 +473,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="fraction of the curriculum arms' prompts from curriculum-chosen buckets (default 0.5)")
     g.add_argument("--eval-every", type=_common.positive_int, default=None, help="evaluation period (default 100)")
     g.add_argument("--sft-steps", type=_common.nonneg_int, default=None, help="warm-start steps (default 400)")
+    g.add_argument("--train-seeds", type=_common.positive_int, default=None,
+                   help="the study: this many paired training runs of full vs grpo_uniform, in resumable parts "
+                        "under --out/part-*/ and the pre-registered paired analysis in --out/study.json")
+    g.add_argument("--part-seeds", type=_common.int_range(2, None), default=4,
+                   help="training seeds per part of the study (one vmapped run each; default 4)")
+    g.add_argument("--ablation-seeds", type=_common.nonneg_int, default=0,
+                   help="the study's first N training seeds also train full_no_maxent and full_no_curriculum")
     g.add_argument("--resume", action="store_true", help="continue from --out/checkpoint.jwc if present")
     g.add_argument("--no-checkpoint", action="store_true", help="do not write checkpoint.jwc")
     a = p.parse_args(argv)
@@ -490,9 +497,15 @@ def main(argv: list[str] | None = None) -> int:
         over["eval_every"] = over["chunk"] = a.eval_every
     if a.prompts is not None and a.sample_prompts is None:
         over["sample_prompts"] = max(cfg.sample_prompts * a.prompts // cfg.prompts, a.prompts)
+    if a.train_seeds is not None and (a.compare or a.seeds is not None or a.arms is not None):
+        p.error("--train-seeds sets the seeds and arms itself; drop --compare/--seeds/--arms")
+    if a.train_seeds is not None and a.ablation_seeds > a.train_seeds:
+        p.error(f"--ablation-seeds must be at most --train-seeds ({a.train_seeds}), got {a.ablation_seeds}")
     cfg = _common.replace_config(p, cfg, over)
     out = _common.out_dir(a)
     log = _common.line_logger(a)
+    if a.train_seeds is not None:
+        return _study_main(a, cfg, out, log)
     with _common.metrics_writer(a, append=a.resume) as w:
         res = run(cfg, seed=a.seed, out=out, checkpoint=None if a.no_checkpoint else out / "checkpoint.jwc",
                   resume=a.resume, writer=w, progress=log)
@@ -523,6 +536,26 @@ def main(argv: list[str] | None = None) -> int:
                           f["pass_at_k_final"].get("32", 0) > g0["pass_at_k_final"].get("32", 0)
                           or f["sampled_entropy_final"] > g0["sampled_entropy_final"]))
     return _common.finish(goals, a.strict)
+
+
+def _study_main(a, cfg: LMConfig, out: Path, log) -> int:
+    from . import _lm_study
+
+    _common.require_extra("statsmodels", "stats", "demo lm --train-seeds")
+    st = _lm_study.run_study(cfg, train_seeds=a.train_seeds, part_seeds=a.part_seeds,
+                             ablation_seeds=a.ablation_seeds, seed=a.seed, out=out, resume=a.resume,
+                             checkpoint=not a.no_checkpoint, run=run, log=log or (lambda s: None))
+    an = st["analysis"]
+    pr = an["primary"]
+    print(f"demo lm --train-seeds {a.train_seeds}: {an['pairs']} of {an['planned_pairs']} pairs")
+    for name, e in [("primary", pr), *an["secondary"].items(), *an["ablations"].items()]:
+        if e is not None:
+            ci = "n/a" if e["ci95"] is None else f"[{e['ci95'][0]:+.4f}, {e['ci95'][1]:+.4f}]"
+            print(f"  {name}: {e['arm']} - {e['base']} on {e['metric']}: {e['estimate']:+.4f} {ci}, "
+                  f"Wilcoxon p {e['p_wilcoxon']}, {e['runs']} pairs")
+    print(f"  claim: {an['primary_claim']}")
+    print(f"wrote {out / 'study.json'}")
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -197,7 +197,7 @@ def test_quick_run_outputs(quick_run):
     assert g["tau"][-1] == pytest.approx(lm.QUICK.tau0) and g["kl_coef"][-1] == pytest.approx(lm.QUICK.kl_coef)
     assert g["seed_scale"][-1] == 1.0 and g["replay"][-1] == 0.0
     # the loss's KL coefficient is the same in every arm but the KL-controller arm
-    for a in lm.ARMS[:-1]:
+    for a in (a for a in lm.ARMS if not lm.ARM_FLAGS[a][4]):
         assert res["arms"][a]["trace"]["kl_coef"] == pytest.approx([lm.QUICK.kl_coef] * len(g["steps"]))
     # dynamic sampling trains on groups with a signal first
     for a in ("grpo_dynamic", "full"):
@@ -283,6 +283,9 @@ def test_cli_quick_writes_outputs(tmp_path, capsys):
     (["--generations", "1"], "--generations"),
     (["--replay", "1.5"], "--replay"),
     (["--prompts", "8", "--sample-prompts", "4"], "sample_prompts"),
+    (["--train-seeds", "4", "--seeds", "2"], "--train-seeds"),
+    (["--train-seeds", "4", "--ablation-seeds", "8"], "--ablation-seeds"),
+    (["--train-seeds", "4", "--part-seeds", "1"], "--part-seeds"),
 ])
 def test_cli_rejects_bad_flags(argv, fragment, capsys):
     with pytest.raises(SystemExit) as e:
