@@ -11,7 +11,7 @@ run (the ratio is what counts; absolute times drift between machines).
 
 Every record, and every JSON a bench script writes, carries where it came from
 (:func:`provenance`: command, commit, machine, date, jax version, device), from
-the same helper the demos use, ``jaxweight.demos._common.provenance``.
+the same fields the demos' results carry.
 """
 
 from __future__ import annotations
@@ -114,6 +114,13 @@ def time_call(fn: Callable[[], Any], n: int = 5, warmup: int = 1, max_time_s: fl
     return _summary(times)
 
 
+def write_json(path: str | os.PathLike, data: Any) -> None:
+    """``data`` as JSON at ``path``, atomically (the public :func:`jaxweight.checkpoint.save_json`)."""
+    from jaxweight.checkpoint import save_json
+
+    save_json(path, data)
+
+
 def device_name() -> str:
     d = jax.devices()[0]
     if d.platform == "cpu":
@@ -123,7 +130,7 @@ def device_name() -> str:
 
 @functools.lru_cache(maxsize=1)
 def _fixed_provenance() -> tuple:
-    from jaxweight.demos._common import provenance as run_provenance
+    from jaxweight.demos import provenance as run_provenance
 
     p = run_provenance()
     return tuple((k, p[k]) for k in ("command", "commit", "machine"))
@@ -132,7 +139,7 @@ def _fixed_provenance() -> tuple:
 def provenance() -> dict:
     """``{"command", "commit", "machine", "date", "jax_version", "device"}`` of this run.
 
-    The same fields as the demos' results (``jaxweight.demos._common.provenance``); the
+    The same fields as the demos' results (:func:`jaxweight.demos.provenance`); the
     command, commit and machine are read once per process (git runs once), the date each call.
     """
     import datetime
@@ -214,6 +221,7 @@ def main(run: Callable[..., list[dict]], add_arguments: Callable[[argparse.Argum
     recs = run(**a)
     print(format_table(recs))
     if path:
-        from jaxweight._util import atomic_write_json  # noqa: PLC0415
+        write_json(path, recs)
+    import _roofline  # noqa: PLC0415 - after the records are written: a failing check keeps them
 
-        atomic_write_json(path, recs, indent=2)
+    _roofline.check(recs)

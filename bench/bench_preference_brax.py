@@ -223,9 +223,9 @@ def main(argv=None):
            "steps_per_s": a.seeds * curve[-1]["steps"] / t_run, **provenance()}
     print(json.dumps({k: v for k, v in res.items() if k != "curve"}))
     if a.out:
-        from jaxweight._util import atomic_write_json  # noqa: PLC0415
+        from jaxweight.checkpoint import save_json  # noqa: PLC0415
 
-        atomic_write_json(a.out, res, indent=1)
+        save_json(a.out, res)
 
 
 if __name__ == "__main__":

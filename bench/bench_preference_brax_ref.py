@@ -84,6 +84,9 @@ def main(argv=None):
     def progress(step, metrics):
         curve.append({"steps": int(step), "return": float(metrics["eval/episode_reward"]),
                       "elapsed_s": time.perf_counter() - t0})
+        for k in ("training/sps", "training/walltime"):  # brax's own rate (its training time only) and clock
+            if k in metrics:
+                curve[-1][k.split("/")[1]] = float(metrics[k])
         if "training/policy_dist_mean_std" in metrics:  # the (pre-tanh) std of the last minibatch, mean over it
             curve[-1]["std"] = float(metrics["training/policy_dist_mean_std"])
         print(json.dumps(curve[-1]), flush=True)

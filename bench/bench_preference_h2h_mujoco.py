@@ -449,9 +449,9 @@ def run(quick: bool = False, seeds: int = 1, relabel: bool = True, input_norm: s
     def done(job, result):
         results[job[0]][job[1]] = result
         if folder is not None:
-            from jaxweight._util import atomic_write_json  # noqa: PLC0415
+            from jaxweight.checkpoint import save_json  # noqa: PLC0415
 
-            atomic_write_json(part(*job), dict(settings=worker_sizes[job[0]], cores=len(cores), result=result))
+            save_json(part(*job), dict(settings=worker_sizes[job[0]], cores=len(cores), result=result))
 
     jobs = _jobs(seeds)
     if folder is not None:  # finished parts of an earlier run with the same settings

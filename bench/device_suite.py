@@ -1,29 +1,25 @@
-"""The device suite: every accelerator row of jaxweight's benchmarks in one call, one JSON and one PNG.
+"""The device suite: every accelerator row in two prepared calls that cannot outrun the lease.
 
-``python -m jaxweight bench --suite device [--quick] [--out DIR]`` (or ``bench/device_suite.sh``
-on a machine with a GPU and no network: it installs the carried wheels first). Parts, each
-run on its own so that a failure of one still writes the others' rows (the JSON is
-rewritten atomically after every part):
+``python -m jaxweight bench --suite device --plan`` prints the calls, their parts and budgets as
+JSON; ``bash bench/device_suite.sh 1`` then ``bash bench/device_suite.sh 2`` (sent at once, to the
+warm machine) run them; ``--quick`` runs both calls' parts at CPU sizes (CI's check).
 
-1. ``limits``: the machine's measured copy bandwidth and matmul peak (``_roofline``).
-2. ``hot_paths``: each of :data:`hot_paths.BUILDERS` at the device's size (``gpu`` on an
-   accelerator, ``cpu`` on a CPU, ``quick`` with ``--quick``): median time, compile time,
-   XLA's bytes and flops, and the roofline fraction against the measured limits.
-3. ``ppo_vs_brax``: jaxweight's PPO with brax's halfcheetah update (``bench_preference_brax.py``)
-   and brax's own PPO (``bench_preference_brax_ref.py``), one after the other, each alone on
-   the device, the same number of environments and steps: env-steps/s of each (between the
-   first and the last evaluation, so compilation is left out) and the returns at equal steps.
-4. ``preference_seeds``: the preference loop end to end (the ``preferences`` demo's settings)
-   with many seeds in one vmapped program, on CartPole and on brax's inverted pendulum:
-   wall per seed.
-5. ``countdown``: the Countdown study (``demo lm --task countdown --train-seeds 32``: 3 arms x
-   32 paired training runs in one program) on the accelerator, its quick size with ``--quick``,
-   skipped at the CPU size: wall, its parts and the primary analysis.
+- The parent imports no JAX and holds no device memory: every part is a subprocess
+  (``device_suite.py --child PART``) under a hard timeout, the smaller of the part's budget and
+  what is left of the call's global deadline; a part that can no longer finish is skipped.
+- Each call opens with a preflight (<= 30 s): ``JAX_PLATFORMS=cuda`` on the GPU size, a GPU
+  asserted, every version printed, brax and gymnax imported from the carried wheels. Without
+  ``.whl/`` the GPU call stops at once, before any child starts.
+- Every child's output is streamed to ``$OUT/<part>.log`` and each measured point appended to
+  ``$OUT/<part>.jsonl`` as it comes (a killed part keeps its points); the call's JSON
+  ``device-suite-call<N>-<size>.json`` is rewritten after every part. Plots are drawn afterwards on
+  the CPU machine (``bench/plot_device_suite.py``).
 
-Sizing (measured on the 2-core CPU, scaled by a stated estimate for one H200): see
-:data:`BUDGET`; parts 1-4 are planned for <= 8 minutes on the GPU and the Countdown study after
-them for 2-3 (a call stopped at its limit keeps every finished part's rows). ``--quick`` runs the
-same parts at CPU sizes in a couple of minutes (CI runs it and checks that every row is there).
+Rows: the hot paths at GPU sizes against the measured HBM stream (:mod:`bench_roofline`); the LM
+step's tokens/s and model-flops utilisation against the matmul peak in the model's own dtype;
+PPO against brax's PPO like for like (brax's own ``training/sps``, compile reported on both
+sides, evaluation excluded from the rate, 2 seeds each); the preference loop over 1 to 1024
+vmapped seeds; peak device memory of every child.
 """
 
 from __future__ import annotations
@@ -46,34 +42,67 @@ for _p in (str(HERE), str(ROOT)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-PARTS = ("limits", "hot_paths", "ppo_vs_brax", "preference_seeds", "countdown")
+SIZES = ("quick", "cpu", "gpu")
+# each call: (part, budget seconds); a call's parts sum to at most its budget
+CALLS = {
+    1: {"budget_s": 300, "parts": [("preflight", 30), ("limits", 30), ("hot_paths", 160), ("lm_step", 70)]},
+    2: {"budget_s": 300, "parts": [("preflight", 30), ("ppo_vs_brax", 170), ("preference_seeds", 90)]},
+}
+PARTS = tuple(dict.fromkeys(p for c in CALLS.values() for p, _ in c["parts"]))
+MIN_START_S = 15  # a part is not started with less than this left of its call
+# the budgets are the GPU's; a CPU rehearsal compiles brax and the loop for minutes, so its budgets stretch
+BUDGET_SCALE = {"gpu": 1.0, "quick": 4.0, "cpu": 8.0}
 
-# What each part runs at each size. cpu-s: measured on the 2-core CPU at the quick size;
-# the gpu sizes are planned from the 2026-11-27 H200 runs (jaxweight's PPO on halfcheetah,
-# 2048 envs: ~48k env-steps/s after ~25 s of compilation) and the CPU timings scaled by the
-# copy-bandwidth ratio (~4.3 TB/s against ~10 GB/s), so that the sum stays under 8 minutes.
+# what each part runs at each size; the GPU sizes are planned from the 2026-11-27 H200 run
+# (jaxweight's PPO on halfcheetah, 2048 envs: ~48k env-steps/s after ~25 s of compilation)
 PPO_HALFCHEETAH = ["--env", "brax:halfcheetah", "--num-envs", "2048", "--num-steps", "160", "--minibatches", "32",
                    "--epochs", "8", "--gamma", "0.95", "--ent", "1e-3", "--reward-scaling", "1",
                    "--max-grad-norm", "none", "--clip-eps", "0.3", "--tanh-squash", "--episodic", "--state-std",
                    "--brax-obs", "--gae-per-minibatch", "--unroll-length", "20", "--advantage", "lambda_return",
                    "--hidden", "32", "32", "32", "32", "--value-hidden", "256", "256", "256", "256", "256",
                    "--activation", "swish", "--eval-episodes", "16", "--seeds", "1"]
+QUICK_PPO = dict(ours=["--env", "brax:inverted_pendulum", "--horizon", "50", "--num-envs", "16", "--num-steps", "16",
+                       "--minibatches", "4", "--epochs", "1", "--eval-episodes", "2", "--seeds", "1"],
+                 ref=["--env", "inverted_pendulum", "--num-envs", "16", "--batch-size", "16", "--num-minibatches", "4",
+                      "--episode-length", "50"], steps=4096, evals=2, seeds=[0])
 BUDGET = {
-    "quick": {"ppo": dict(ours=["--env", "brax:inverted_pendulum", "--horizon", "50", "--num-envs", "16",
-                                "--num-steps", "16", "--minibatches", "4", "--epochs", "1", "--eval-episodes", "2",
-                                "--seeds", "1"],
-                          ref=["--env", "inverted_pendulum", "--num-envs", "16", "--batch-size", "16",
-                               "--num-minibatches", "4", "--episode-length", "50"],
-                          steps=4096, evals=2, timeout=600),
-              "seeds": dict(cartpole=2, brax=0, timeout=600),
-              "countdown": dict(args=["--quick"], timeout=600)},
-    "gpu": {"ppo": dict(ours=PPO_HALFCHEETAH, ref=["--env", "halfcheetah"], steps=2_621_440, evals=4, timeout=200),
-            "seeds": dict(cartpole=64, brax=64, timeout=150),
-            # 96 runs (3 arms x 32 seeds) of 200 steps: ~55 min on 2 CPU cores; planned at 2-3 min here
-            "countdown": dict(args=["--train-seeds", "32"], timeout=240)},
+    "quick": {"ppo": QUICK_PPO, "seeds": [1, 2], "lm_seeds": 1},  # CI's check of every part
+    "cpu": {"ppo": dict(QUICK_PPO, steps=16384, evals=3), "seeds": [1, 2, 4], "lm_seeds": 1},
+    # 2 seeds x 2 sides of 655k env-steps: ~14 s of training each at 48k/s, plus compile (25-50 s)
+    "gpu": {"ppo": dict(ours=PPO_HALFCHEETAH, ref=["--env", "halfcheetah"], steps=655_360, evals=3, seeds=[0, 1]),
+            "seeds": [1, 16, 128, 1024], "lm_seeds": 32},
 }
-BUDGET["cpu"] = {"ppo": dict(BUDGET["quick"]["ppo"], steps=16384, evals=3),
-                 "seeds": dict(cartpole=4, brax=0, timeout=900), "countdown": None}
+
+
+def plan(size: str = "gpu") -> dict:
+    """The calls, their parts and budgets (``bench --suite device --plan``)."""
+    k = BUDGET_SCALE[size]
+    return {"size": size, "budget_scale": k, "calls": [
+        {"call": n, "command": f"bash bench/device_suite.sh {n}" + ("" if size == "gpu" else f" --size {size}"),
+         "budget_s": k * c["budget_s"], "parts": [{"part": p, "budget_s": k * b} for p, b in c["parts"]],
+         "planned_s": k * sum(b for _, b in c["parts"])} for n, c in CALLS.items()],
+        "device_time_s": k * sum(c["budget_s"] for c in CALLS.values()), "preflight_s": k * CALLS[1]["parts"][0][1]}
+
+
+# ------------------------------------------------------------------ the parent
+def _write(path: Path, data: dict) -> None:
+    """Atomically: a crash mid-write leaves the previous version."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def _points(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by a kill
+            continue
+    return out
 
 
 def _commit() -> str | None:
@@ -85,63 +114,211 @@ def _commit() -> str | None:
         return None
 
 
-def _write(path: Path, data: dict) -> None:
-    """Atomically: a crash mid-write leaves the previous version."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, default=str)
-    os.replace(tmp, path)
-
-
-def _part(result: dict, name: str, fn, out_json: Path, log) -> None:
-    t0 = time.perf_counter()
-    log(f"[device suite] {name} ...")
-    try:
-        result[name] = {"status": "ok", **fn()}
-    except Exception as e:  # noqa: BLE001 - one part failing must not lose the others' rows
-        result[name] = {"status": "failed", "error": f"{type(e).__name__}: {e}",
-                        "traceback": traceback.format_exc()[-4000:]}
-    result[name]["wall_s"] = time.perf_counter() - t0
-    log(f"[device suite] {name}: {result[name]['status']} in {result[name]['wall_s']:.1f} s")
+def run_call(call: int, size: str, out: str | Path | None = None, log=print, deadline_s: float | None = None) -> dict:
+    """Run one call's parts, each a child process under the call's deadline; returns the call's JSON dict."""
+    c = CALLS[call]
+    scale = BUDGET_SCALE[size]
+    budget = float(deadline_s or c["budget_s"] * scale)
+    t0 = time.monotonic()
+    out_dir = Path(out or os.environ.get("OUT") or ".")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out_json = out_dir / f"device-suite-call{call}-{size}.json"
+    result = {"meta": {"call": call, "size": size, "budget_s": budget, "commit": _commit(),
+                       "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+                       "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}}
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p))
+    if size == "gpu":
+        env["JAX_PLATFORMS"] = "cuda"
+        if not list((ROOT / ".whl").glob("*.whl")):
+            result["meta"]["stopped"] = "no .whl/ wheels carried: the brax and gymnax parts cannot run"
+            log(f"[device suite] stopped: {result['meta']['stopped']} (carry .whl; bench/device_wheels.sh fetches it)")
+            _write(out_json, result)
+            return result
+    for name, part_budget in c["parts"]:
+        part_budget *= scale
+        left = budget - (time.monotonic() - t0)
+        timeout = min(part_budget, left - 2)
+        if timeout < min(MIN_START_S, part_budget):
+            result[name] = {"status": "skipped", "reason": f"{left:.0f} s left of the call's {budget:.0f} s"}
+            log(f"[device suite] {name}: skipped ({left:.0f} s left)")
+            continue
+        logf, ptsf = out_dir / f"{name}.log", out_dir / f"{name}.jsonl"
+        ptsf.unlink(missing_ok=True)
+        log(f"[device suite] {name}: up to {timeout:.0f} s (log {logf})")
+        ts = time.monotonic()
+        with open(logf, "w") as lf:
+            proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", name, "--size", size,
+                                     "--points", str(ptsf)], cwd=ROOT, env=env, stdout=lf, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            try:
+                rc = proc.wait(timeout=timeout)
+                status = "ok" if rc == 0 else "failed"
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+                rc, status = None, "timed out"
+        pts = _points(ptsf)
+        result[name] = {"status": status, "rc": rc, "wall_s": time.monotonic() - ts, "timeout_s": timeout,
+                        "points": pts}
+        if status != "ok":
+            result[name]["log_tail"] = logf.read_text()[-3000:]
+        log(f"[device suite] {name}: {status} in {result[name]['wall_s']:.1f} s, {len(pts)} points")
+        _write(out_json, result)
+        if name == "preflight" and status != "ok":
+            result["meta"]["stopped"] = "the preflight failed: nothing else was started"
+            log(f"[device suite] stopped: {result['meta']['stopped']}")
+            break
+    result["meta"]["wall_s"] = time.monotonic() - t0
+    result["meta"]["missing"] = missing_rows(result, call)
     _write(out_json, result)
+    log(f"[device suite] wrote {out_json} ({result['meta']['wall_s']:.0f} s of {budget:.0f})")
+    return result
 
 
-# ------------------------------------------------------------------ parts
-def part_limits(size: str) -> dict:
-    import _roofline
-
-    return {"limits": _roofline.machine_limits("quick" if size == "quick" else "auto")}
-
-
-def part_hot_paths(size: str) -> dict:
-    import _roofline
+def expected_rows(call: int | None = None) -> dict[str, list[str]]:
+    """What a complete call holds: its parts; call 1 also every hot path."""
     import hot_paths
 
-    limits = _roofline.machine_limits("quick" if size == "quick" else "auto")
-    rows = []
-    for name, build in hot_paths.BUILDERS.items():
-        row = {"name": name}
+    calls = [call] if call else list(CALLS)
+    parts = [p for n in calls for p, _ in CALLS[n]["parts"]]
+    return {"parts": list(dict.fromkeys(parts)), "hot_paths": list(hot_paths.BUILDERS) if 1 in calls else []}
+
+
+def missing_rows(result: dict, call: int | None = None) -> list[str]:
+    """Parts absent or not ok, and hot paths with no ok point."""
+    exp = expected_rows(call)
+    miss = [p for p in exp["parts"] if result.get(p, {}).get("status") != "ok"]
+    have = {r.get("key") for r in result.get("hot_paths", {}).get("points", []) if r.get("status") == "ok"}
+    miss += [f"hot_paths/{n}" for n in exp["hot_paths"] if n not in have]
+    return miss
+
+
+# ------------------------------------------------------------------ the children
+class _Emit:
+    """Append one JSON line per measured point, flushed and synced (a kill keeps what came before)."""
+
+    def __init__(self, path: str):
+        self.f = open(path, "a")  # noqa: SIM115 - open for the child's life
+
+    def __call__(self, point: dict) -> None:
+        self.f.write(json.dumps(point, default=str) + "\n")
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        print(json.dumps({k: v for k, v in point.items() if not isinstance(v, (list, dict))}, default=str), flush=True)
+
+
+def _peak_memory() -> int | None:
+    import jax
+
+    try:
+        stats = jax.devices()[0].memory_stats() or {}
+    except Exception:  # noqa: BLE001 - CPU backends have none
+        return None
+    return stats.get("peak_bytes_in_use")
+
+
+def child_preflight(size: str, emit) -> None:
+    import importlib
+    import importlib.metadata as md
+
+    import jax
+
+    dev = jax.devices()[0]
+    if size == "gpu" and dev.platform != "gpu":
+        raise SystemExit(f"preflight: expected a GPU, got {dev.platform} ({dev.device_kind})")
+    versions = {}
+    for pkg in ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda13-plugin", "flax", "optax", "numpy", "brax",
+                "gymnax", "mujoco", "mujoco-mjx"):
+        try:
+            versions[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            versions[pkg] = None
+    for mod in ("brax", "gymnax"):
+        importlib.import_module(mod)  # from the carried wheels; an ImportError fails the call here
+    emit({"status": "ok", "python": sys.version.split()[0], "device": f"{dev.platform} ({dev.device_kind})",
+          "devices": len(jax.devices()), "versions": versions})
+
+
+def child_limits(size: str, emit) -> None:
+    import jax.numpy as jnp
+
+    import _roofline
+
+    st = _roofline.Stream(2 << 30 if size == "gpu" else None)
+    for _ in range(10):
+        st.once()
+    emit({"status": "ok", "what": "stream", **st.summary(), "llc_bytes": _roofline.llc_bytes()})
+    mm = {"quick": 512, "cpu": 2048, "gpu": 8192}[size]
+    for dt in (jnp.float32, jnp.bfloat16):
+        emit({"status": "ok", "what": "matmul_peak", "dtype": jnp.dtype(dt).name, "size": mm,
+              "flops": _roofline.matmul_peak(mm, dt)})
+    emit({"status": "ok", "what": "dispatch_floor_s", "seconds": _roofline.dispatch_floor()})
+
+
+def child_hot_paths(size: str, emit) -> None:
+    import gc
+
+    import jax
+
+    import _roofline
+    import bench_roofline
+    import hot_paths
+
+    stream = _roofline.Stream(2 << 30 if size == "gpu" else None)
+    floors: dict = {}
+    for key, build in hot_paths.BUILDERS.items():
         try:
             hp = build(size)
-            m = hot_paths.measure(hp, n=3 if size == "quick" else 10)
-            row.update(status="ok", title=hp.name, size=hp.size, note=hp.note, median_s=m["median_s"],
-                       min_s=m["min_s"], max_s=m["max_s"], n=m["n"], compile_s=m["compile_s"],
-                       **_roofline.roofline(m["median_s"], m["cost"], limits))
-            del hp, m
+            r = bench_roofline.row(key, hp, stream, 3 if size == "quick" else 10, floors)
+            emit({"status": "ok", **r, "peak_memory_bytes": _peak_memory()})
+            del hp
         except Exception as e:  # noqa: BLE001 - the other paths' rows still count
-            row.update(status="failed", error=f"{type(e).__name__}: {e}")
-        rows.append(row)
-    return {"size": size, "rows": rows}
+            emit({"status": "failed", "key": key, "error": f"{type(e).__name__}: {e}"})
+        gc.collect()
+        jax.clear_caches()
+
+
+def child_lm_step(size: str, emit) -> None:
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    import _roofline
+    from _common import time_jax
+
+    from jaxweight.demos import lm
+
+    cfg = lm.QUICK if size == "quick" else dataclasses.replace(lm.LMConfig(), seeds=BUDGET[size]["lm_seeds"])
+    task = lm.make_task(cfg)
+    pipe = lm.make_pipeline(cfg, task)
+    params = pipe.random_params(jax.random.key(0))
+    state = pipe.init(params, jax.random.key(1))
+    t = time_jax(pipe.step_function, state, pipe.data, n=5 if size == "quick" else 10, warmup=2)
+    _, m = pipe.step(state)
+    n_params = sum(x.size for x in jax.tree.leaves(params)) // cfg.seeds
+    dtype = jax.tree.leaves(params)[0].dtype
+    comp, prompt = float(jnp.sum(m["tokens"])), float(jnp.sum(m["prompt_tokens"]))
+    kept = cfg.prompts / cfg.sample_prompts  # dynamic sampling trains B of the P sampled groups
+    # useful flops: 2 per parameter per sampled token (the actor's forward), and per trained token 2 for the
+    # reference's forward and 6 for the learner's forward and backward; attention's T^2 term left out (T <= 32)
+    flops = 2 * n_params * (comp + prompt) + 8 * n_params * kept * (comp + prompt)
+    mm = {"quick": 512, "cpu": 2048, "gpu": 8192}[size]
+    peak = _roofline.matmul_peak(mm, dtype)
+    emit({"status": "ok", "runs": cfg.runs, "step_s": t["median_s"], "compile_s": t["compile_s"],
+          "tokens_per_s": float(jnp.sum(m["tokens"])) / t["median_s"], "params_per_run": int(n_params),
+          "dtype": jnp.dtype(dtype).name, "useful_flops": flops, "matmul_peak_flops": peak,
+          "mfu": flops / t["median_s"] / peak, "peak_memory_bytes": _peak_memory()})
 
 
 def _run_json(cmd: list[str], timeout: float) -> dict:
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "out.json"
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-        p = subprocess.run([sys.executable, *cmd, "--out", str(out)], cwd=ROOT, env=env, capture_output=True,
-                           text=True, timeout=timeout)
+        p = subprocess.run([sys.executable, *cmd, "--out", str(out)], cwd=ROOT, timeout=timeout)
         if p.returncode != 0 or not out.exists():
-            raise RuntimeError(f"{' '.join(cmd[:2])} exited {p.returncode}: {(p.stderr or p.stdout)[-2000:]}")
+            raise RuntimeError(f"{' '.join(cmd[:2])} exited {p.returncode}")
         return json.loads(out.read_text())
 
 
@@ -154,180 +331,85 @@ def _steady_rate(curve: list[dict], seeds: int = 1) -> float | None:
     return seeds * (b["steps"] - a["steps"]) / (b["elapsed_s"] - a["elapsed_s"])
 
 
-def _nearest(curve: list[dict], steps: int) -> dict:
-    """brax's evaluation nearest to ``steps`` (its steps are whole training steps, ours whole chunks)."""
-    pts = [c for c in curve if c.get("steps", 0) > 0]
-    if not pts:
-        return {"brax": None, "brax_steps": None}
-    c = min(pts, key=lambda c: abs(c["steps"] - steps))
-    return {"brax": c["return"], "brax_steps": c["steps"]}
-
-
-def part_ppo_vs_brax(size: str) -> dict:
+def child_ppo_vs_brax(size: str, emit) -> None:
     b = BUDGET[size]["ppo"]
-    steps, evals = b["steps"], b["evals"]
-    ours = _run_json([str(HERE / "bench_preference_brax.py"), *b["ours"], "--steps", str(steps),
-                      "--evals", str(evals)], b["timeout"])
-    # brax evaluates at step 0 too: evals + 1 evaluations put its points where ours are
-    ref = _run_json([str(HERE / "bench_preference_brax_ref.py"), *b["ref"], "--steps", str(steps),
-                     "--evals", str(evals + 1)], b["timeout"])
-    r_ours, r_ref = _steady_rate(ours["curve"], ours["settings"]["seeds"]), _steady_rate(ref["curve"])
-    at_equal = [dict(steps=c["steps"], ours=c["return"], **_nearest(ref["curve"], c["steps"])) for c in ours["curve"]]
-    return {"env": ours["env"], "num_envs": ours["settings"]["num_envs"], "steps": steps,
-            "ours_steps_per_s": r_ours, "brax_steps_per_s": r_ref,
-            "ratio": (r_ours / r_ref) if (r_ours and r_ref) else None,
-            "ours_compile_s": ours.get("compile_s"), "returns_at_equal_steps": at_equal,
-            "random_return": ours.get("random_return"), "ours": ours, "brax": ref}
+    for seed in b["seeds"]:
+        ours = _run_json([str(HERE / "bench_preference_brax.py"), *b["ours"], "--steps", str(b["steps"]),
+                          "--evals", str(b["evals"]), "--seed", str(seed)], 150)
+        emit({"status": "ok", "side": "jaxweight", "seed": seed, "env": ours["env"],
+              "num_envs": ours["settings"]["num_envs"], "steps": b["steps"], "compile_s": ours.get("compile_s"),
+              "steady_steps_per_s": _steady_rate(ours["curve"], ours["settings"]["seeds"]),
+              "final_return": ours["curve"][-1]["return"] if ours["curve"] else None})
+        ref = _run_json([str(HERE / "bench_preference_brax_ref.py"), *b["ref"], "--steps", str(b["steps"]),
+                         "--evals", str(b["evals"] + 1), "--seed", str(seed)], 150)
+        curve = ref["curve"]
+        first = curve[0]["elapsed_s"] if curve else None  # brax evaluates at step 0 after compiling
+        emit({"status": "ok", "side": "brax", "seed": seed, "env": ref["env"], "num_envs": ref["config"]["num_envs"],
+              "steps": b["steps"], "compile_and_first_eval_s": first,
+              "steady_steps_per_s": _steady_rate(curve), "brax_training_sps": [c.get("sps") for c in curve],
+              "brax_training_walltime": [c.get("walltime") for c in curve],
+              "final_return": curve[-1]["return"] if curve else None})
 
 
-def _seeds_run(env: str, seeds: int, quick: bool) -> dict:
+def child_preference_seeds(size: str, emit) -> None:
     import jax
 
     from jaxweight.demos import preferences as D
 
-    s = D.settings(env, quick=quick, seeds=seeds, agent="ppo")  # the PPO loop's seeds (the part's rows)
-    pc = D.build(s)
-    t0 = time.perf_counter()
-    pc.train(0, s.total_timesteps, s.total_comparisons, num_seeds=seeds, progress=False)
-    jax.block_until_ready(pc.state)
-    wall = time.perf_counter() - t0
-    return {"env": env, "seeds": seeds, "total_timesteps": s.total_timesteps,
-            "total_comparisons": s.total_comparisons, "wall_s": wall, "wall_per_seed_s": wall / seeds,
-            "quick_settings": quick}
+    for seeds in BUDGET[size]["seeds"]:
+        s = D.settings("cartpole", quick=True, seeds=seeds, agent="ppo")
+        pc = D.build(s)
+        t0 = time.perf_counter()
+        pc.train(0, s.total_timesteps, s.total_comparisons, num_seeds=seeds, progress=False)
+        jax.block_until_ready(pc.state)
+        wall = time.perf_counter() - t0
+        emit({"status": "ok", "env": "cartpole", "seeds": seeds, "total_timesteps": s.total_timesteps,
+              "wall_s": wall, "wall_per_seed_s": wall / seeds, "env_steps_per_s": seeds * s.total_timesteps / wall,
+              "peak_memory_bytes": _peak_memory(), "note": "compile included (one program per seed count)"})
 
 
-def part_preference_seeds(size: str) -> dict:
-    b = BUDGET[size]["seeds"]
-    out = {"cartpole": _seeds_run("cartpole", b["cartpole"], quick=(size == "quick"))}
-    if b["brax"]:
-        try:
-            out["brax:inverted_pendulum"] = _seeds_run("brax:inverted_pendulum", b["brax"], quick=True)
-        except Exception as e:  # noqa: BLE001 - the CartPole row stands on its own
-            out["brax:inverted_pendulum"] = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
-    else:
-        out["brax:inverted_pendulum"] = {"status": "skipped", "reason": f"not run at size {size!r} (GPU only)"}
-    return out
+CHILDREN = {"preflight": child_preflight, "limits": child_limits, "hot_paths": child_hot_paths,
+            "lm_step": child_lm_step, "ppo_vs_brax": child_ppo_vs_brax, "preference_seeds": child_preference_seeds}
 
 
-def part_countdown(size: str) -> dict:
-    """The Countdown study (``demo lm --task countdown``) at 32 training seeds on the accelerator, its
-    quick size with ``--quick``; not at the CPU size (about an hour on 2 cores: run the demo itself)."""
-    b = BUDGET[size]["countdown"]
-    if b is None:
-        return {"status_detail": "skipped", "reason": "the 32-seed study takes about an hour on 2 CPU cores: "
-                "python -m jaxweight demo lm --task countdown --train-seeds 32"}
-    with tempfile.TemporaryDirectory() as d:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-        cmd = ["-m", "jaxweight", "demo", "lm", "--task", "countdown", *b["args"], "--out", d, "--no-progress"]
-        p = subprocess.run([sys.executable, *cmd], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=b["timeout"])
-        out = Path(d) / "results.json"
-        if not out.exists():
-            raise RuntimeError(f"demo lm --task countdown exited {p.returncode}: {(p.stderr or p.stdout)[-2000:]}")
-        res = json.loads(out.read_text())
-    keep = ("primary", "primary_how", "config", "wall_seconds", "warm_start_seconds", "compile_seconds",
-            "train_seconds", "eval_seconds", "seconds_per_step", "device")
-    return {"command": "python -m jaxweight demo lm --task countdown " + " ".join(b["args"]),
-            "goals_exit_status": p.returncode, **{k: res.get(k) for k in keep},
-            "arms": {a: {k: r.get(k) for k in ("pass_at_8", "coverage_at_8", "mean_at_8", "per_seed", "takeoff")}
-                     for a, r in res["arms"].items()}}
-
-
-RUNNERS = {"limits": part_limits, "hot_paths": part_hot_paths, "ppo_vs_brax": part_ppo_vs_brax,
-           "preference_seeds": part_preference_seeds, "countdown": part_countdown}
-
-
-# ------------------------------------------------------------------ plot
-def plot(result: dict, path: Path) -> bool:
+def _child(name: str, size: str, points: str) -> int:
+    emit = _Emit(points)
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    rows = [r for r in result.get("hot_paths", {}).get("rows", []) if r.get("status") == "ok"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    ax = axes[0]
-    names = [r["name"].replace("_", " ") for r in rows]
-    ax.barh(names, [r["roofline_fraction"] for r in rows], color=["C0" if r["bound"] == "memory" else "C1"
-                                                                  for r in rows])
-    ax.axvline(0.5, color="grey", ls="--", lw=1)
-    ax.set_xlabel("roofline fraction (blue: memory-bound, orange: compute-bound)")
-    ax.set_title(f"hot paths, {result['meta']['device']}")
-    ax.invert_yaxis()
-    ax = axes[1]
-    pvb = result.get("ppo_vs_brax", {})
-    if pvb.get("status") == "ok":
-        ax.bar(["jaxweight PPO", "brax PPO"], [pvb["ours_steps_per_s"] or 0, pvb["brax_steps_per_s"] or 0])
-        ax.set_ylabel("env-steps/s")
-        ax.set_title(f"PPO on {pvb['env']}, {pvb['num_envs']} envs")
-    else:
-        ax.text(0.5, 0.5, f"PPO vs brax: {pvb.get('status', 'not run')}", ha="center")
-        ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
-# ------------------------------------------------------------------ entry
-def expected_rows() -> dict[str, list[str]]:
-    """What a complete JSON holds: every part, every hot path."""
-    import hot_paths
-
-    return {"parts": list(PARTS), "hot_paths": list(hot_paths.BUILDERS)}
-
-
-def missing_rows(result: dict) -> list[str]:
-    """Names of expected parts or hot-path rows absent from ``result`` (failed ones are present)."""
-    exp = expected_rows()
-    miss = [p for p in exp["parts"] if p not in result]
-    have = {r["name"] for r in result.get("hot_paths", {}).get("rows", [])}
-    miss += [f"hot_paths/{n}" for n in exp["hot_paths"] if n not in have]
-    return miss
-
-
-def run(quick: bool = False, out: str | None = None, parts: list[str] | None = None, log=print) -> dict:
-    import jax
-
-    dev = jax.devices()[0]
-    size = "quick" if quick else ("cpu" if dev.platform == "cpu" else "gpu")
-    out_dir = Path(out or os.environ.get("OUT") or ".")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out_json = out_dir / f"device-suite-{size}.json"
-    result = {"meta": {
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "commit": _commit(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "device": f"{dev.platform} ({dev.device_kind})",
-        "jax_version": jax.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "size": size}}
-    t0 = time.perf_counter()
-    for name in parts or PARTS:
-        if name not in RUNNERS:
-            raise ValueError(f"parts: unknown part {name!r}; known: {', '.join(PARTS)}")
-        _part(result, name, lambda n=name: RUNNERS[n](size), out_json, log)
-    result["meta"]["wall_s"] = time.perf_counter() - t0
-    result["meta"]["missing"] = missing_rows(result)
-    _write(out_json, result)
-    png = out_dir / f"device-suite-{size}.png"
-    result["meta"]["plot"] = png.name if plot(result, png) else None
-    _write(out_json, result)
-    log(f"[device suite] wrote {out_json} ({result['meta']['wall_s']:.0f} s)")
-    return result
+        CHILDREN[name](size, emit)
+    except SystemExit as e:
+        emit({"status": "failed", "error": str(e)})
+        return 1
+    except Exception as e:  # noqa: BLE001 - said in one point and in the log
+        traceback.print_exc()
+        emit({"status": "failed", "error": f"{type(e).__name__}: {e}"})
+        return 1
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jaxweight bench --suite device",
-                                 description="Run every device benchmark once; one JSON and one PNG.")
-    ap.add_argument("--quick", action="store_true", help="CPU sizes, a couple of minutes (CI's check)")
+                                 description="The device suite's two prepared calls (see --plan).")
+    ap.add_argument("--plan", action="store_true", help="print the calls, their parts and budgets as JSON")
+    ap.add_argument("--call", type=int, choices=sorted(CALLS), default=None, help="run one call (default: both)")
+    ap.add_argument("--size", choices=SIZES, default=None, help="gpu (default on the device), cpu or quick")
+    ap.add_argument("--quick", action="store_true", help="the quick size (CI's check)")
     ap.add_argument("--out", default=None, help="output folder (default: $OUT, else .)")
-    ap.add_argument("--parts", default=None, help=f"comma-separated subset of {','.join(PARTS)}")
+    ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    ap.add_argument("--points", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    res = run(a.quick, a.out, a.parts.split(",") if a.parts else None, log=lambda m: print(m, file=sys.stderr,
-                                                                                             flush=True))
-    failed = [p for p in PARTS if res.get(p, {}).get("status") == "failed"]
-    if res["meta"]["missing"] or failed:
-        print(f"[device suite] missing: {res['meta']['missing']}, failed: {failed}", file=sys.stderr)
+    size = a.size or ("quick" if a.quick else "gpu")
+    if a.child:
+        return _child(a.child, size, a.points)
+    if a.plan:
+        print(json.dumps(plan(size), indent=1))
+        return 0
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    bad = []
+    for call in [a.call] if a.call else list(CALLS):
+        res = run_call(call, size, a.out, log=log)
+        bad += res["meta"].get("missing", []) + ([res["meta"]["stopped"]] if "stopped" in res["meta"] else [])
+    if bad:
+        print(f"[device suite] missing or not ok: {bad}", file=sys.stderr)
         return 1
     return 0
 

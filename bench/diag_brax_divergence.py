@@ -91,9 +91,9 @@ def main() -> None:
     a = p.parse_args()
     recs = run(a.env, a.seeds, a.envs, a.horizon)
     if a.json:
-        from jaxweight._util import atomic_write_json  # noqa: PLC0415
+        from jaxweight.checkpoint import save_json  # noqa: PLC0415
 
-        atomic_write_json(a.json, recs, indent=2)
+        save_json(a.json, recs)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,8 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jaxweight.demos import _common as C  # noqa: E402
+from jaxweight.checkpoint import save_json  # noqa: E402
+from jaxweight.demos import provenance  # noqa: E402
 from jaxweight.label import render  # noqa: E402
 from jaxweight.label.log import LabelLog  # noqa: E402
 
@@ -265,12 +266,12 @@ def main(argv: list[str] | None = None) -> int:
         "page": {k: person[k] for k in ("page_stats", "clip_wait_ms_median") if k in person},
         "wall_s": wall, "demo_compile_s": res.get("compile_s"), "demo_run_s": res.get("run_s"),
         "final_return": res["final"]["return"],
-        **C.provenance(),
+        **provenance(),
         "jax_version": res.get("jax_version"), "device": res.get("device"),  # the demo's (this process runs no JAX)
     }
     print(json.dumps({k: v for k, v in result.items() if k != "per_round"}, indent=1))
     if args.json:
-        C.write_results(Path(args.json).parent, result, Path(args.json).name)
+        save_json(args.json, result)
         print("written", args.json)
     ok = (code == 0 and not lost and extra_lines == 0 and person["finished_text"]
           and "results in" in person["finished_text"])

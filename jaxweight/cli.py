@@ -46,7 +46,7 @@ usage: python -m jaxweight demo [NAME] [demo options]   run a demo (default: {de
        python -m jaxweight demo --help                  list the demos
        python -m jaxweight demo NAME --help             options of one demo
        python -m jaxweight bench [--only MODULE] [--quick] [--json PATH]
-       python -m jaxweight bench --suite device [--quick] [--out DIR]   every device row, one JSON + PNG
+       python -m jaxweight bench --suite device [--plan] [--call N] [--quick] [--out DIR]   the device rows
 demo option: --no-compile-cache (do not use JAX's persistent compilation cache)
 demos: {demos}
 """
@@ -221,12 +221,14 @@ def bench(argv: list[str]) -> int:
     p.add_argument("--quick", action="store_true", help="small sizes and few repeats (a smoke run)")
     p.add_argument("--json", metavar="PATH", type=_file_path, help="write the records as a JSON list to PATH")
     p.add_argument("--suite", choices=("device",),
-                   help="device: every accelerator row in one call, one JSON + PNG (bench/device_suite.py)")
+                   help="device: every accelerator row in two prepared calls (bench/device_suite.py; --plan shows them)")
     p.add_argument("--out", metavar="DIR", help="with --suite: the output folder (default: $OUT, else .)")
-    p.add_argument("--parts", metavar="A,B", help="with --suite: a comma-separated subset of its parts")
+    p.add_argument("--plan", action="store_true", help="with --suite: print its calls, parts and budgets as JSON")
+    p.add_argument("--call", type=int, choices=(1, 2), help="with --suite: run one of its two calls")
+    p.add_argument("--size", choices=("quick", "cpu", "gpu"), help="with --suite: its size (default gpu; --quick)")
     args = p.parse_args(argv)
-    if args.suite is None and (args.out or args.parts):
-        p.error("--out and --parts go with --suite")
+    if args.suite is None and (args.out or args.plan or args.call or args.size):
+        p.error("--out, --plan, --call and --size go with --suite")
     if args.suite and (args.only or args.json):
         p.error("--only and --json do not go with --suite (it writes its own JSON under --out)")
 
@@ -242,7 +244,8 @@ def bench(argv: list[str]) -> int:
     if args.suite == "device":
         suite = importlib.import_module("device_suite")
         return suite.main((["--quick"] if args.quick else []) + (["--out", args.out] if args.out else [])
-                          + (["--parts", args.parts] if args.parts else []))
+                          + (["--plan"] if args.plan else []) + (["--call", str(args.call)] if args.call else [])
+                          + (["--size", args.size] if args.size else []))
     common = importlib.import_module("_common")
     records = []
     for mod in args.only or BENCH_MODULES:
@@ -261,6 +264,12 @@ def bench(argv: list[str]) -> int:
 
         atomic_write_json(args.json, records)
         print(f"wrote {len(records)} records to {args.json}")
+    # a roofline fraction above 1.05 means the limit's model is wrong: the run fails (records kept)
+    bad = [f"{r.get('module')}/{r.get('name')} @ {r.get('size')}: {r[k]:.3f}" for r in records
+           for k in ("bandwidth_fraction", "flops_fraction") if isinstance(r.get(k), (int, float)) and r[k] > 1.05]
+    if bad:
+        print("bench: roofline fraction above 1.05 (a broken measurement): " + "; ".join(bad), file=sys.stderr)
+        return 1
     return 0
 
 
