@@ -75,7 +75,7 @@ def row(key: str, hp: hot_paths.HotPath, stream: _roofline.Stream, n: int, floor
     return record(MODULE, hp.name, hp.size, t, baseline, base_s, note=hp.note, **fields)
 
 
-def run(quick: bool = False, sweep: bool = False, only: str | None = None) -> list[dict]:
+def run(quick: bool = False, sweep: bool = False, only: str | None = None, n_size: int | None = None) -> list[dict]:
     size = "quick" if quick else "cpu"
     n = 3 if quick else 7
     stream = _roofline.Stream()
@@ -84,7 +84,7 @@ def run(quick: bool = False, sweep: bool = False, only: str | None = None) -> li
     keys = [k for k in hot_paths.BUILDERS if only in (None, k)]
     for key in keys:
         build = hot_paths.BUILDERS[key]
-        sizes = hot_paths.SWEEPS[size][key] if sweep else [None]
+        sizes = hot_paths.SWEEPS[size][key] if sweep else [n_size]
         for s in sizes:
             hp = build(size, s)
             recs.append(row(key, hp, stream, n, floors))
@@ -123,6 +123,7 @@ def growth(pts: list[dict]) -> dict:
 def _add(p):
     p.add_argument("--sweep", action="store_true", help="every path at the sizes of hot_paths.SWEEPS")
     p.add_argument("--only", default=None, help="one key of hot_paths.BUILDERS")
+    p.add_argument("--n", dest="n_size", type=int, default=None, help="with --only: the path's main size")
 
 
 if __name__ == "__main__":

@@ -91,9 +91,9 @@ def random_weight_schedule(size: str, n: int | None = None) -> HotPath:
     K = cfg.num_components
     fn = jax.jit(lambda k: rw.sample_schedule(k, cfg, T, S))
     args = (jax.random.key(0),)
-    normals = jax.jit(lambda k: jax.random.normal(k, (T, S, K), jnp.float32))
+    bits = jax.jit(lambda k: jax.random.bits(k, (T, S, K), jnp.uint32))
     return HotPath("random-weight schedule", f"{T}x{S}x{K}", fn, args, n=T, min_bytes=_io_bytes(fn, args),
-                   floor=("jax.random.normal of the same T x S x K draws alone (threefry)", normals, args),
+                   floor=("threefry's raw bits for the same T x S x K draws alone (jax.random.bits)", bits, args),
                    units=T * S * K, unit="weights/s",
                    note="rw.sample_schedule: every trajectory's and step's log-weights in one call")
 
@@ -158,7 +158,14 @@ def maxent_step(size: str, n: int | None = None) -> HotPath:
         return M.step(s, u, ref, cfg, token_counts=tok, mask=mask, global_step=5, measured_kl=0.07)
 
     args = (M.init(cfg), u, ref, tok, mask)
+
+    def softmaxes(u, ref, mask):  # the step's transcendental core alone: two masked softmaxes over each group
+        a = jax.nn.softmax(jnp.where(mask, u / 0.7, -jnp.inf), -1)
+        return a, jax.nn.log_softmax(jnp.where(mask, ref + u / 0.5, -jnp.inf), -1)
+
     return HotPath("maxent fused step", f"{P}x{G}", jax.jit(body), args, n=P, min_bytes=_io_bytes(body, args),
+                   floor=("two masked softmaxes over every group alone (exp, log, two reductions)",
+                          jax.jit(softmaxes), (u, ref, mask)),
                    units=P * G, unit="completions/s", note="maxent.step: advantages, q, weights, entropy stats, tau and beta controllers")
 
 
@@ -182,8 +189,15 @@ def maxent_policy_loss(size: str, n: int | None = None) -> HotPath:
         return loss, g
 
     args = (logp, beh, signal, mask, ref, weights)
+
+    def exps(lp, b, s, m, r):  # the loss's transcendental core alone: the ratio's and the k3 KL's exp, and grad
+        f = lambda x: jnp.sum(jnp.where(m, jnp.exp(x - b) * s[:, None] + jnp.exp(r - x) - (r - x), 0.0))  # noqa: E731
+        return jax.value_and_grad(f)(lp)
+
     return HotPath("maxent weighted policy loss (value and grad)", f"{P}x{G}x{L} tokens", jax.jit(loss_and_grad),
                    args, n=P, min_bytes=_io_bytes(loss_and_grad, args), units=N * L, unit="tokens/s",
+                   floor=("the ratio's and the k3 KL's exp per token, value and grad, alone", jax.jit(exps),
+                          (logp, beh, signal, mask, ref)),
                    note="maxent.policy_loss with xDr.GRPO candidate weights, k3 KL; gradient w.r.t. the log-probs")
 
 

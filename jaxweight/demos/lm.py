@@ -387,7 +387,7 @@ def plot(plt, res: dict):
     """Held-out and validation accuracy, 4-digit level, accuracy vs KL, entropy, diversity, clipping,
     zero-variance groups, curriculum bucket shares, pass@k."""
     fig, ax = plt.subplots(2, 4, figsize=(20, 8.5))
-    palette = ("tab:red", "tab:blue", "tab:green", "tab:orange", "tab:purple", "tab:brown")
+    palette = ("tab:red", "tab:blue", "tab:green", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
     colors = dict(zip(ARMS, palette))
     for a, r in res["arms"].items():
         c, t, col = r["curve"], r["trace"], colors[a]
