@@ -388,7 +388,7 @@ def plot(plt, res: dict):
     zero-variance groups, curriculum bucket shares, pass@k."""
     fig, ax = plt.subplots(2, 4, figsize=(20, 8.5))
     palette = ("tab:red", "tab:blue", "tab:green", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
-    colors = dict(zip(ARMS, palette))
+    colors = dict(zip(ARM_FLAGS, palette))
     for a, r in res["arms"].items():
         c, t, col = r["curve"], r["trace"], colors[a]
         ax[0, 0].plot(c["steps"], c["heldout_hard"], "-o", ms=3, color=col, label=f"{a} held-out")
@@ -456,8 +456,8 @@ def main(argv: list[str] | None = None) -> int:
                         "the default run's time), mean and 95%% interval")
     g.add_argument("--steps", type=_common.positive_int, default=None, help="RL steps (default 1200)")
     g.add_argument("--seeds", type=_common.positive_int, default=None, help="seeds per arm (default 1)")
-    g.add_argument("--arms", type=_common.comma_list(ARMS), default=None,
-                   help=f"comma-separated arms (default full,grpo_uniform; all: {','.join(ARMS)})")
+    g.add_argument("--arms", type=_common.comma_list(ARM_FLAGS), default=None,
+                   help=f"comma-separated arms (default full,grpo_uniform; all: {','.join(ARM_FLAGS)})")
     g.add_argument("--prompts", type=_common.positive_int, default=None, help="groups per update B (default 32)")
     g.add_argument("--sample-prompts", type=_common.positive_int, default=None,
                    help="groups sampled per step P >= B; dynamic sampling keeps B (default 48)")
