@@ -334,6 +334,15 @@ def _like(new: Any, old: Any) -> Any:
     return jnp.asarray(new, dtype=old.dtype)
 
 
+def _into(new: Any, old: Any) -> Any:
+    """``new`` written into ``old``'s buffer: a whole-array update slice, which XLA runs in place
+    in a donated actor (a plain copy gets a fresh output buffer on the CPU: a page fault per 4 KiB)."""
+    new = _like(new, old)
+    if new.ndim == 0 or jax.dtypes.issubdtype(old.dtype, jax.dtypes.prng_key) or new.shape != old.shape:
+        return new
+    return jax.lax.dynamic_update_slice(old, new, (0,) * old.ndim)
+
+
 _TRUE, _FALSE = np.asarray(True), np.asarray(False)
 _TRUE.flags.writeable = _FALSE.flags.writeable = False  # shared by every eager step
 
@@ -368,7 +377,7 @@ def _actor_update(learner: Any, actor: Any, cfg: SyncConfig, placement: Placemen
                 # branches must return the actor's layout
                 new = jax.device_put(new, placement)
             # a weakly typed learner leaf must not change the cond's output type
-            return jax.tree.map(_like, new, ap)
+            return jax.tree.map(_into, new, ap)
 
         new_actor = jax.lax.cond(fired, fire, lambda lp, ap: ap, learner, actor)
         if placement is not None:
