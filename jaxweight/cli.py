@@ -4,7 +4,7 @@
   ``python -m jaxweight demo NAME --help`` prints one demo's options; ``python -m jaxweight demo``
   runs the default demo (preferences).
 - A demo whose optional packages are missing exits with one line naming the extra to install
-  (``the preferences demo needs gymnax: pip install 'jaxweight[rl]'``), before anything is computed.
+  (``the preferences demo needs gymnax: pip install -e ".[rl]"`` in a checkout), before anything is computed.
 - Demos run with JAX's persistent compilation cache on (``$XDG_CACHE_HOME/jaxweight/jax-compile``,
   default ``~/.cache/jaxweight/jax-compile``; ``$JAXWEIGHT_CACHE_DIR`` or ``$JAX_COMPILATION_CACHE_DIR``
   choose another folder), so a second run of a demo loads its programs instead of compiling them.

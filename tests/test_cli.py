@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from jaxweight import cli
+from jaxweight._util import install_hint
 from jaxweight.demos import _common as C
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,8 +82,23 @@ def test_missing_extra_is_one_line_before_import(monkeypatch, capsys):
     monkeypatch.setattr(cli.importlib, "import_module", lambda name: imported.append(name))
     assert cli.demo(["awr", "--quick"]) == 1
     err = capsys.readouterr().err
-    assert _lines(err) == ["the awr demo needs no_such_pkg_xyz: pip install 'jaxweight[rl]'"]
+    assert _lines(err) == [f"the awr demo needs no_such_pkg_xyz: {install_hint('rl')}"]
     assert imported == []
+
+
+def test_install_hint_fits_where_jaxweight_came_from(monkeypatch, tmp_path):
+    """A checkout gets an editable line (``.`` at its root, its path elsewhere), a wheel the index's."""
+    import jaxweight._util as U
+
+    root = Path(U.__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    assert install_hint("rl") == 'pip install -e ".[rl]"'
+    monkeypatch.chdir(tmp_path)
+    assert install_hint("rl") == f'pip install -e "{root}[rl]"'
+    wheel = tmp_path / "site-packages" / "jaxweight"        # an installed wheel: no pyproject.toml beside it
+    wheel.mkdir(parents=True)
+    monkeypatch.setattr(U, "__file__", str(wheel / "_util.py"))
+    assert install_hint("brax") == 'pip install "jaxweight[brax]"'
 
 
 def test_preferences_demo_declares_gymnax():
@@ -284,7 +300,7 @@ def test_require_extra(capsys):
     C.require_extra(["json", "os"], "rl")
     with pytest.raises(SystemExit) as e:
         C.require_extra(["json", "no_such_pkg_xyz"], "rl", "the preferences demo")
-    assert e.value.code == "the preferences demo needs no_such_pkg_xyz: pip install 'jaxweight[rl]'"
+    assert e.value.code == f"the preferences demo needs no_such_pkg_xyz: {install_hint('rl')}"
     assert C.missing_modules("no.such.pkg") == ["no.such.pkg"]
 
 
@@ -311,7 +327,7 @@ def test_save_plot_without_matplotlib(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import raises ImportError
     notes = []
     assert C.save_plot(lambda plt: 1 / 0, tmp_path / "p.png", log=notes.append) is None
-    assert len(notes) == 1 and "pip install 'jaxweight[notebooks]'" in notes[0]
+    assert len(notes) == 1 and install_hint("plots") in notes[0]
     assert not (tmp_path / "p.png").exists()
 
 

@@ -255,15 +255,14 @@ def save_plot(fig_fn: Callable[[Any], Any], path: str | os.PathLike, *, dpi: int
               log: Callable[[str], None] = print) -> Path | None:
     """Draw with ``fig_fn(plt) -> matplotlib Figure`` and write a PNG to ``path``; None when skipped.
 
-    Without matplotlib, prints one note (``pip install 'jaxweight[notebooks]'``) and returns None:
+    Without matplotlib, prints one note (``pip install -e ".[plots]"`` in a checkout) and returns None:
     write the results JSON before calling this. Uses the non-interactive Agg backend unless pyplot
     is already loaded (a notebook keeps its inline backend).
     """
     try:
         import matplotlib
     except ImportError:
-        log(f"matplotlib is not installed: plot {Path(path).name} skipped "
-            f"(pip install 'jaxweight[notebooks]')")
+        log(f"matplotlib is not installed: plot {Path(path).name} skipped ({_install_hint('plots')})")
         return None
     if "matplotlib.pyplot" not in sys.modules:
         matplotlib.use("Agg")
@@ -406,12 +405,21 @@ def missing_modules(modules: str | Iterable[str]) -> list[str]:
 
 
 def extra_message(what: str, missing: Sequence[str], extra: str) -> str:
-    """``"the preferences demo needs gymnax: pip install 'jaxweight[rl]'"``."""
-    return f"{what} needs {', '.join(missing)}: pip install 'jaxweight[{extra}]'"
+    """``'the preferences demo needs gymnax: pip install -e ".[rl]"'`` from a checkout, with
+    ``pip install "jaxweight[rl]"`` from an installed wheel (:func:`jaxweight._util.install_hint`)."""
+    return f"{what} needs {', '.join(missing)}: {_install_hint(extra)}"
+
+
+def _install_hint(extra: str) -> str:
+    # jaxweight._util imports jax: loaded here, when a hint is needed, so that the command line's
+    # refusals stay fast
+    from jaxweight._util import install_hint
+
+    return install_hint(extra)
 
 
 def require_extra(modules: str | Iterable[str], extra: str, what: str = "this demo") -> None:
-    """Exit with one line naming the extra (``pip install 'jaxweight[rl]'``) when a module is missing.
+    """Exit with one line naming the extra (:func:`extra_message`) when a module is missing.
 
     Call it at the top of a demo's ``main`` before importing the optional package; raises
     ``SystemExit`` (status 1, message on stderr, no traceback).
