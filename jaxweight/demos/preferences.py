@@ -513,20 +513,18 @@ def _mean_std(x) -> tuple[float, float]:
 
 
 def format_table(res: dict) -> str:
-    """Per-seed rows and a mean +- std row (std across seeds, ddof 1)."""
+    """Per-seed rows, a mean +- std row (std across seeds, ddof 1) and what each column is."""
     f = res["final"]
     base = res.get("baseline_return")
-    cols = ["seed", "true return", "greedy", "held-out acc", "decided", "pearson", "train acc"]
+    cols = ["seed", "true return", "greedy", "held-out acc", "decided", "pearson"]
     name = agent_name(res)
     if base is not None:
         cols.append(f"{name} on true r")
-    w = [5, 14, 8, 13, 8, 11, 10, 14]
+    w = [5, 14, 8, 13, 8, 11, 14]
     lines = ["  ".join(c.rjust(n) for c, n in zip(cols, w)), "-" * (sum(w[:len(cols)]) + 2 * (len(cols) - 1))]
-    train_acc = np.asarray(res["history"][-1]["reward_accuracy"], np.float64).reshape(-1)
     for i in range(len(f["return"])):
         row = [str(i), f"{f['return'][i]:.1f}", f"{f['return_deterministic'][i]:.1f}",
-               f"{100 * f['heldout_accuracy'][i]:.1f}%", str(int(f['heldout_decided'][i])), f"{f['pearson'][i]:.3f}",
-               f"{100 * train_acc[i]:.1f}%"]
+               f"{100 * f['heldout_accuracy'][i]:.1f}%", str(int(f['heldout_decided'][i])), f"{f['pearson'][i]:.3f}"]
         if base is not None:
             row.append(f"{base[i]:.1f}")
         lines.append("  ".join(c.rjust(n) for c, n in zip(row, w)))
@@ -538,15 +536,25 @@ def format_table(res: dict) -> str:
         return f"{k * m:.{digits}f}+-{k * sd:.{digits}f}" + ("%" if pct else "")
 
     row = ["mean", ms(f["return"]), ms(f["return_deterministic"], digits=0), ms(f["heldout_accuracy"], True),
-           str(int(np.sum(f["heldout_decided"]))), ms(f["pearson"], digits=2), ms(train_acc, True, 0)]
+           f"{np.mean(f['heldout_decided']):.0f}", ms(f["pearson"], digits=2)]
     if base is not None:
         row.append(ms(base))
     lines.append("  ".join(c.rjust(n) for c, n in zip(row, w)))
-    lines.append(textwrap.fill("true return / greedy: ground-truth return of the agent trained on the learned reward only "
-                 "(sampled / greedy actions); held-out acc: reward ensemble vs the noiseless teacher on fresh "
-                 "pairs, ties left out (decided = pairs counted); pearson: learned vs true reward per transition"
-                 + (f"; {name} on true r: same {name}, same steps, on the true reward" if base is not None else "")
-                 + "; +- is the std across seeds", width=100))
+    pairs = res.get("settings", {}).get("heldout_pairs", Settings.heldout_pairs)
+    legend = [("true return", "ground-truth return of the agent trained on the learned reward only "
+                              "(sampled actions; the agent never sees the true reward)"),
+              ("greedy", "the same agent's ground-truth return with greedy actions"),
+              ("held-out acc", f"the share of {pairs:,} fresh fragment pairs (final, exploring and untrained "
+                               "agents) that the reward ensemble orders as the noiseless teacher does, ties left out"),
+              ("decided", f"how many of those {pairs:,} pairs are not ties: the pairs counted"),
+              ("pearson", "correlation of the learned and the true reward per transition")]
+    if base is not None:
+        legend.append((f"{name} on true r", f"the same {name}, same steps, trained on the true reward"))
+    legend.append(("mean", "mean +- std across seeds"))
+    width = max(len(k) for k, _ in legend)
+    lines.append("")
+    lines += [textwrap.fill(text, width=100, initial_indent=f"  {k.ljust(width)}  ",
+                            subsequent_indent=" " * (width + 4)) for k, text in legend]
     return "\n".join(lines)
 
 

@@ -66,6 +66,12 @@ def test_table_and_goals_format():
     }
     table = demo.format_table(res)
     assert "460.0+-56.6" in table and "97.0+-2.8%" in table and "490.0+-14.1" in table
+    mean_row = next(line for line in table.splitlines() if line.lstrip().startswith("mean"))
+    assert mean_row.split()[4] == "850"  # decided: the mean over seeds, like every other column
+    columns, legend = table.splitlines()[0], table.split("\n\n", 1)[1]
+    for col in ("true return", "greedy", "held-out acc", "decided", "pearson", "PPO on true r"):
+        assert col in columns and f"  {col}  " in legend, col  # every column says what it is
+    assert "train acc" not in table
     assert demo.goals(res) == [("mean ground-truth return 460.0 >= 450", True),
                                ("mean held-out accuracy 97.0% >= 90%", True),
                                ("wall time 610 s <= 600 s", False)]
