@@ -395,11 +395,13 @@ def run(quick: bool = False, seeds: int | None = None, out: str | os.PathLike | 
                                     if k not in ("seed", "method") and v is not None})
     log("")
     log(format_table(rows))
-    log(f"total {time.perf_counter() - t_all:.1f} s")
+    total_s = time.perf_counter() - t_all
+    log(f"total {total_s:.1f} s")
     paths = {}
     if out is not None:
         out = Path(out)
-        paths["json"] = str(save_json(out / "awr_demo.json", {"sizes": sizes, "rows": rows, **C.provenance()}))
+        paths["json"] = str(save_json(out / "awr_demo.json", {"sizes": sizes, "rows": rows, "total_s": total_s,
+                                                              **C.provenance()}))
         paths["table"] = str(_write_text(out / "awr_demo.txt", format_table(rows) + "\n"))
         paths["metrics"] = str(out / "metrics.jsonl")
         png = plot(results, out / "awr_demo.png", log=log)

@@ -43,3 +43,8 @@ def test_demo_smoke_tiny(tmp_path, monkeypatch):
     assert all(np.isfinite(r["r_free_mean"]) for r in res["rows"])
     for name in ("awr_demo.json", "awr_demo.txt", "metrics.jsonl"):
         assert (tmp_path / name).stat().st_size > 0
+    import json
+
+    saved = json.loads((tmp_path / "awr_demo.json").read_text())
+    assert saved["total_s"] > 0 and {"command", "commit", "machine", "date"} <= set(saved)
+    assert saved["rows"] == json.loads(json.dumps(res["rows"]))
