@@ -35,6 +35,8 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 import numpy as np
 
+from ._util import install_hint
+
 __all__ = ["flatten", "MetricsWriter", "JsonlWriter", "TensorBoardWriter", "MultiWriter", "open_writers"]
 
 
@@ -162,7 +164,7 @@ class TensorBoardWriter(_Base):
             from tensorboardX import SummaryWriter
         except ImportError as e:  # pragma: no cover - depends on the extra
             raise ImportError(
-                "TensorBoardWriter needs tensorboardX: pip install 'jaxweight[tensorboard]'"
+                f"TensorBoardWriter needs tensorboardX: {install_hint('tensorboard')}"
             ) from e
         self.logdir = Path(logdir)
         self._w = SummaryWriter(str(self.logdir))

@@ -37,6 +37,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from .._util import install_hint
 from . import _common
 from . import _countdown as C
 from . import _countdown_stats as ST
@@ -197,7 +198,7 @@ def _results(cfg, task, base, final, history, timer, sft_loss) -> dict:
                     "run as the unit, the paired run-mean differences per training seed, mean and Student-t "
                     "CI95 with S - 1 df (statsmodels OLS on a constant); effect_vs_drgrpo_run_clustered: the same "
                     "regression with standard errors clustered two ways, by prompt and by training run")
-        if stats else "statsmodels missing: pip install 'jaxweight[stats]'",
+        if stats else f"statsmodels missing: {install_hint('stats')}",
         "rollouts_per_run": cfg.steps * cfg.prompts * cfg.generations,
         "runs": cfg.runs, "steps": cfg.steps,
         "warm_start_seconds": timer["warm_start"], "compile_seconds": timer["compile"],

@@ -32,7 +32,7 @@ import numpy as np
 
 from ._countdown_stats import paired_runs
 
-__all__ = ["PRIMARY", "SECONDARY", "ABLATIONS", "plan", "analyse"]
+__all__ = ["PRIMARY", "SECONDARY", "ABLATIONS", "plan", "analyse", "analyse_files"]
 
 PRIMARY = ("full", "grpo_uniform", "heldout_hard_accuracy_final")
 SECONDARY = ("pass_at_8_final", "sampled_entropy_final")
@@ -126,3 +126,31 @@ def run_study(cfg, *, train_seeds: int, part_seeds: int, ablation_seeds: int, se
 
     _common.write_results(out, study, "study.json")
     return study
+
+
+def analyse_files(files: list[str | Path], *, train_seeds: int, part_seeds: int, ablation_seeds: int) -> dict:
+    """:func:`analyse` over part files on record: ``files[p]`` is part ``p``'s ``results.json``.
+
+    The analysis of a study still running (``complete`` False, no claim) or of its committed parts::
+
+        python -m jaxweight.demos._lm_study --train-seeds 16 --part-seeds 4 --ablation-seeds 8 \\
+            bench/results/lm-study/part-0-cpu-2core.json bench/results/lm-study/part-1-cpu-2core.json
+    """
+    parts = plan(train_seeds, part_seeds, ablation_seeds)
+    if len(files) > len(parts):
+        raise ValueError(f"the plan has {len(parts)} parts, got {len(files)} files")
+    return analyse([(p, json.loads(Path(f).read_text())) for p, f in zip(parts, files)], train_seeds)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m jaxweight.demos._lm_study",
+                                 description="the study's pre-registered analysis over its part files, in part order")
+    ap.add_argument("files", nargs="+", help="part-0's results.json, part-1's, ...")
+    ap.add_argument("--train-seeds", type=int, default=16)
+    ap.add_argument("--part-seeds", type=int, default=4)
+    ap.add_argument("--ablation-seeds", type=int, default=8)
+    a = ap.parse_args()
+    print(json.dumps(analyse_files(a.files, train_seeds=a.train_seeds, part_seeds=a.part_seeds,
+                                   ablation_seeds=a.ablation_seeds), indent=1))

@@ -28,6 +28,7 @@ import importlib.util
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._util import install_hint
 from .fixed_horizon import FixedHorizon
 
 __all__ = ["Family", "FAMILIES", "make", "known_ids"]
@@ -168,7 +169,7 @@ def _make_id(env_id: str, horizon: int | None, builtins: Sequence[str], kwargs: 
         raise ValueError(f"unknown environment {env_id!r}{_did_you_mean(env_id, known_ids(builtins))} "
                          f"(accepted: {', '.join(forms)}, or a gymnax Environment object)")
     if not _installed(fam.module):
-        raise ImportError(f"{env_id!r} needs {fam.module}: pip install 'jaxweight[{fam.extra}]'")
+        raise ImportError(f"{env_id!r} needs {fam.module}: {install_hint(fam.extra)}")
     names = fam.names()
     if names and name not in names:
         raise ValueError(f"unknown {prefix} environment {name!r} in {env_id!r}{_did_you_mean(name, names)} "

@@ -41,3 +41,11 @@ def test_study_parts_resume_and_paired_analysis(tmp_path, capsys):
     assert lm.main(argv + ["--resume"]) == 0
     assert (tmp_path / "part-0" / "results.json").stat().st_mtime_ns == mtime
     assert json.loads((tmp_path / "study.json").read_text())["analysis"]["primary"] == an["primary"]
+    # the analysis of the part files on record is the study's own (the first part alone: not complete, no claim)
+    files = [tmp_path / f"part-{i}" / "results.json" for i in (0, 1, 2)]
+    again = _lm_study.analyse_files(files, train_seeds=4, part_seeds=2, ablation_seeds=2)
+    assert again == an
+    early = _lm_study.analyse_files(files[:1], train_seeds=4, part_seeds=2, ablation_seeds=2)
+    assert early["pairs"] == 2 and not early["complete"] and early["primary_claim"] is None
+    with pytest.raises(ValueError, match="the plan has 3 parts, got 4 files"):
+        _lm_study.analyse_files(files + files[:1], train_seeds=4, part_seeds=2, ablation_seeds=2)

@@ -318,7 +318,8 @@ def test_demo_refuses_a_human_run_it_cannot_do_in_one_line(loops, monkeypatch, c
     real = C.missing_modules
     monkeypatch.setattr(C, "missing_modules", lambda mods: ["starlette", "uvicorn"] if "starlette" in mods
                         else real(mods))
-    fails(["--teacher", "human"], "--teacher human needs starlette, uvicorn: pip install 'jaxweight[label]'")
+    from jaxweight._util import install_hint
+    fails(["--teacher", "human"], f"--teacher human needs starlette, uvicorn: {install_hint('label')}")
     assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
