@@ -31,7 +31,7 @@ Example::
     from jaxweight import rl
     env, p = rl.make_env("pendulum")
     agent = rl.SACAgent(env, p, config=rl.SACConfig(num_envs=4, buffer_size=4096, learning_starts=256))
-    s = agent.train(agent.init(0), 1, 2_000)      # the true reward (reward_apply=None)
+    s = agent.train(agent.init(0), 1, 512)        # the true reward (reward_apply=None)
     returns = agent.evaluate(s, 2, 4)             # f32[4]
 
 References:
