@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import glob
 import json
 import os
 import tempfile
@@ -183,6 +184,22 @@ def _umask() -> int:
     return mask
 
 
+def _remove_stranded_temps(path: Path) -> None:
+    """Delete the temp files that killed writers of ``path`` left beside it (``.name.<pid>.*.tmp``
+    whose process is gone); a live process's, this one's included, are left alone."""
+    for t in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        pid = t.name[len(path.name) + 2:].split(".", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                t.unlink()
+        except (PermissionError, OverflowError, OSError):
+            pass
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None = None) -> Path:
     """Write ``data`` to ``path`` atomically: temp file in the same folder, fsync, rename.
 
@@ -192,7 +209,9 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    _remove_stranded_temps(path)
+    # the writer's pid in the name: a later write can tell a killed writer's file from a live one's
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             # mkstemp creates the file 0600; give it the permissions open() would (0666 less the umask)

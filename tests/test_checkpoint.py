@@ -125,3 +125,27 @@ def test_numpy_leaves_stay_numpy(tmp_path):
     back = checkpoint.load(tmp_path / "t.ckpt", tree)
     assert isinstance(back["a"], np.ndarray) and back["a"].dtype == np.float64
     np.testing.assert_array_equal(back["a"], tree["a"])
+
+
+def test_a_killed_writers_temp_file_is_removed_by_the_next_write(tmp_path):
+    """A write killed between its temp file and the rename strands ``.name.<pid>.*.tmp``; the next write of the
+    same file removes it (its process is gone), and leaves a live writer's temp file alone."""
+    import os
+    import subprocess
+    import sys
+
+    from jaxweight import checkpoint
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    target = tmp_path / "loop_state.ckpt"
+    stranded = tmp_path / f".loop_state.ckpt.{dead}.k2j4.tmp"
+    live = tmp_path / f".loop_state.ckpt.{os.getpid()}.a8x1.tmp"
+    other = tmp_path / f".other.ckpt.{dead}.zz.tmp"
+    for f in (stranded, live, other):
+        f.write_bytes(b"partial")
+    checkpoint.save(target, {"x": np.arange(3, dtype=np.float32)})
+    assert not stranded.exists() and live.exists() and other.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, live.name, other.name])
+    back = checkpoint.load(target, {"x": np.zeros(3, np.float32)})
+    np.testing.assert_array_equal(back["x"], np.arange(3, dtype=np.float32))

@@ -154,7 +154,11 @@ def test_open_writers_jsonl_only(tmp_path):
 
 def test_tensorboard_writer_missing_extra_message(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "tensorboardX", None)
-    with pytest.raises(ImportError, match=r"pip install 'jaxweight\[tensorboard\]'"):
+    import re
+
+    from jaxweight._util import install_hint
+
+    with pytest.raises(ImportError, match=re.escape(f"tensorboardX: {install_hint('tensorboard')}")):
         metrics.TensorBoardWriter(tmp_path / "tb")
 
 

@@ -2,6 +2,7 @@
 a user's own environment, the errors of bad ids, and one preference loop on a generic gymnax env."""
 
 import importlib.util
+import re
 
 import gymnax
 import jax
@@ -12,6 +13,7 @@ from flax import struct
 from gymnax.environments import environment, spaces
 
 from jaxweight import preference as pf
+from jaxweight._util import install_hint
 from jaxweight.preference import driver as dr
 from jaxweight.rl.env_ids import known_ids
 from jaxweight.rl.envs import FixedHorizonCartPole, env_step, make_env, oracle_reward
@@ -235,7 +237,7 @@ def test_unknown_ids_name_the_close_ones():
 
 def test_brax_ids_name_the_missing_extra():
     if importlib.util.find_spec("brax") is None:
-        with pytest.raises(ImportError, match=r"'brax:halfcheetah' needs brax: pip install 'jaxweight\[brax\]'"):
+        with pytest.raises(ImportError, match=re.escape(f"'brax:halfcheetah' needs brax: {install_hint('brax')}")):
             make_env("brax:halfcheetah")
     else:  # installed: brax's names (the ids themselves are tested in test_brax.py, the brax CI step)
         with pytest.raises(ValueError, match=r"unknown brax environment 'halfcheeta' in 'brax:halfcheeta'; "
