@@ -35,7 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 import numpy as np
 
-from ._util import install_hint
+from ._util import atomic_write_bytes, install_hint
 
 __all__ = ["flatten", "MetricsWriter", "JsonlWriter", "TensorBoardWriter", "MultiWriter", "open_writers"]
 
@@ -151,6 +151,26 @@ class JsonlWriter(_Base):
         self._f.write(json.dumps(rec) + "\n")
         self._f.flush()
 
+    def keep_through(self, step: int) -> int:
+        """Drop the lines past ``step`` (and a torn last line): a run resumed from a checkpoint at
+        ``step`` writes the later steps again, so each step stays in the file as often as in an
+        uninterrupted run. Returns how many lines were dropped."""
+        self._f.close()
+        kept, dropped = [], 0
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                ok = int(json.loads(line)["step"]) <= int(step)
+            except (ValueError, KeyError, TypeError):
+                ok = False
+            if ok:
+                kept.append(line + "\n")
+            else:
+                dropped += 1
+        if dropped:
+            atomic_write_bytes(self.path, "".join(kept).encode("utf-8"))
+        self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        return dropped
+
     def close(self) -> None:
         if not self._f.closed:
             self._f.close()
@@ -187,6 +207,10 @@ class MultiWriter(_Base):
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         for w in self.writers:
             w.write(step, metrics)
+
+    def keep_through(self, step: int) -> int:
+        """:meth:`JsonlWriter.keep_through` on each writer that can (TensorBoard files are left as they are)."""
+        return sum(w.keep_through(step) for w in self.writers if hasattr(w, "keep_through"))
 
     def close(self) -> None:
         for w in self.writers:

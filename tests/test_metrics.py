@@ -292,3 +292,23 @@ def test_every_kind_of_metrics_goes_to_tensorboard(kinds, tmp_path):
                 assert math.isnan(got[(k, step)])
             else:
                 assert got[(k, step)] == pytest.approx(v, rel=1e-6, abs=1e-30), k
+
+
+def test_keep_through_drops_the_lines_a_resume_writes_again(tmp_path):
+    """A run killed after a chunk's metric lines but before its checkpoint, then resumed from the checkpoint's
+    step: the lines past that step (and a torn last line) leave, so each step is in the file once."""
+    with metrics.open_writers(tmp_path) as w:
+        for s in range(6):
+            w.write(s, {"a": float(s)})
+    path = tmp_path / "metrics.jsonl"
+    with path.open("a") as f:
+        f.write('{"step": 6, "a"')  # a line torn by the kill
+    with metrics.open_writers(tmp_path, append=True) as w:
+        assert w.keep_through(3) == 3
+        for s in range(4, 6):
+            w.write(s, {"a": float(s)})
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5] and [r["a"] for r in rows] == [0, 1, 2, 3, 4, 5]
+    with metrics.open_writers(tmp_path, append=True) as w:
+        assert w.keep_through(5) == 0
+    assert len(path.read_text().splitlines()) == 6

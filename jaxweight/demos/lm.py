@@ -169,6 +169,8 @@ def run(cfg: LMConfig | None = None, *, quick: bool = False, seed: int = 0, out:
                              "remove it or use the same flags")
         if progress:
             progress(f"resumed from {checkpoint} at step {int(state.step)}")
+        if writer is not None and hasattr(writer, "keep_through"):  # lines the checkpoint does not cover
+            writer.keep_through(int(state.step))
     if state is None:
         with timer.section("warm_start"):
             ref, sft_losses = warm_start(cfg, task, jax.random.split(k_sft, cfg.seeds))

@@ -210,11 +210,28 @@ def test_quick_run_outputs(quick_run):
 
 @pytest.mark.slow
 def test_resume_gives_the_same_numbers(quick_run, tmp_path):
+    from jaxweight import metrics
+
     path = tmp_path / "ck.jwc"
-    part = lm.run(quick=True, checkpoint=path, stop_after_chunks=1)
+    with metrics.open_writers(tmp_path) as w:
+        part = lm.run(quick=True, checkpoint=path, stop_after_chunks=1, writer=w)
     assert not part["finished"] and path.exists()
-    resumed = lm.run(quick=True, checkpoint=path, resume=True)
+    # killed after the next chunk's metric lines but before its checkpoint: the chunk's lines are in the file,
+    # the checkpoint is the first chunk's
+    first = path.read_bytes()
+    with metrics.open_writers(tmp_path, append=True) as w:
+        lm.run(quick=True, checkpoint=path, resume=True, stop_after_chunks=1, writer=w)
+    path.write_bytes(first)
+    with metrics.open_writers(tmp_path, append=True) as w:
+        resumed = lm.run(quick=True, checkpoint=path, resume=True, writer=w)
     assert resumed["finished"]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows]
+    assert steps == sorted(steps) and steps[-1] == lm.QUICK.steps
+    kinds: dict[int, list] = {}
+    for r in rows:  # a step has a training line and perhaps an evaluation line, never one of them twice
+        kinds.setdefault(r["step"], []).append(frozenset(r))
+    assert all(len(set(k)) == len(k) for k in kinds.values()) and len(kinds) == lm.QUICK.steps + 1
     assert _strip(resumed) == _strip(quick_run)
     a, b = jax.tree.leaves(resumed["_state"]), jax.tree.leaves(quick_run["_state"])
     for x, y in zip(a, b):
