@@ -189,7 +189,7 @@ def add_common_args(parser: argparse.ArgumentParser, demo_name: str, *, seed: bo
     g.add_argument("--strict", action="store_true",
                    help="exit with status 1 when a stated goal of the demo is missed")
     g.add_argument("--tensorboard", metavar="DIR", default=None, type=folder,
-                   help="also write TensorBoard event files to DIR (pip install 'jaxweight[tensorboard]')")
+                   help=f"also write TensorBoard event files to DIR ({_install_hint('tensorboard')})")
     if seed:
         g.add_argument("--seed", type=nonneg_int, default=0, help="the run's PRNG seed (default 0)")
     if quick:

@@ -983,7 +983,7 @@ def parser() -> argparse.ArgumentParser:
                     help="with --resume: continue even if settings differ from the checkpoint's (changes are logged)")
     ap.add_argument("--env", default="cartpole", metavar="ENV",
                     help="cartpole (default), pendulum, gymnax:<id> (any gymnax environment, e.g. gymnax:Acrobot-v1) "
-                         "or brax:<name> (e.g. brax:inverted_pendulum; needs pip install 'jaxweight[brax]')")
+                         f"or brax:<name> (e.g. brax:inverted_pendulum; needs {C._install_hint('brax')})")
     ap.add_argument("--agent", default=None, choices=AGENTS,
                     help="the agent trained on the learned reward (and on the true one for the baseline): ppo or "
                          "sac (gymnax:/brax: ids with continuous actions). Default: per env, the one measured best "
@@ -991,7 +991,7 @@ def parser() -> argparse.ArgumentParser:
                          "ant; ppo elsewhere)")
     ap.add_argument("--teacher", default="synthetic", choices=TEACHERS,
                     help="who compares the fragments: the synthetic teacher (default) or a person on a labelling "
-                         "page whose URL is printed (needs pip install 'jaxweight[label]'; one seed, 16 rounds, "
+                         f"page whose URL is printed (needs {C._install_hint('label')}; one seed, 16 rounds, "
                          "300 comparisons: 30, then 26 down to 13 a round; quick: 80)")
     ap.add_argument("--port", type=C.int_range(0, 65535), default=None, metavar="P",
                     help="with --teacher human: the labelling page's port on 127.0.0.1 (default: a free one)")
