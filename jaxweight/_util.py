@@ -537,25 +537,3 @@ def all_concrete(*values: Any) -> bool:
 
 
 __all__ += ["all_concrete"]
-
-
-def install_hint(extra: str) -> str:
-    """The pip line that installs ``extra`` where this jaxweight came from.
-
-    From a checkout (an editable install: ``pyproject.toml`` next to the package) the line is
-    ``pip install -e ".[extra]"`` (the checkout's path instead of ``.`` when the working directory
-    is elsewhere); from an installed wheel it is ``pip install "jaxweight[extra]"``.
-    """
-    root = Path(__file__).resolve().parents[1]
-    project = root / "pyproject.toml"
-    try:
-        is_checkout = 'name = "jaxweight"' in project.read_text(encoding="utf-8")
-    except OSError:
-        is_checkout = False
-    if not is_checkout:
-        return f'pip install "jaxweight[{extra}]"'
-    here = "." if Path.cwd().resolve() == root else str(root)
-    return f'pip install -e "{here}[{extra}]"'
-
-
-__all__ += ["install_hint"]

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import argparse
-import ast
+import errno
 import importlib
 import importlib.util
 import os
@@ -111,11 +111,9 @@ def describe(name: str) -> str:
     spec = _find(DEMOS[name])
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
         return "(not available in this install)"
-    try:
-        doc = ast.get_docstring(ast.parse(Path(spec.origin).read_text(encoding="utf-8"))) or ""
-    except (OSError, SyntaxError, ValueError):
-        return ""
-    line = doc.strip().split("\n")[0].strip()
+    from .demos._args import doc_line
+
+    line = doc_line(DEMOS[name].rsplit(".", 1)[1])
     prefix = f"Demo ``{name}``: "
     if line.startswith(prefix):
         line = line[len(prefix):]
@@ -152,8 +150,13 @@ def list_demos() -> str:
     return "\n".join(lines)
 
 
-def demo(argv: list[str]) -> int:
-    """``python -m jaxweight demo [NAME] [options]``; returns the exit status."""
+def demo(argv: list[str], *, compile_cache: bool = False) -> int:
+    """``python -m jaxweight demo [NAME] [options]``; returns the exit status.
+
+    The arguments are checked before the demo (and jax) is imported, so a mistyped flag is refused
+    at once (:mod:`jaxweight.demos._args`); then, with ``compile_cache``, the persistent compilation
+    cache is turned on and the demo runs.
+    """
     if argv and argv[0] in ("-h", "--help", "--list", "list"):
         print(list_demos())
         return 0
@@ -173,7 +176,39 @@ def demo(argv: list[str]) -> int:
     if need:
         print(need, file=sys.stderr)
         return 1
-    return int(importlib.import_module(DEMOS[name]).main(rest) or 0)
+    from .demos import _args
+
+    if name == "lm":
+        task, args = _args.split_task(rest)
+        parsed = _args.parse("lm-countdown" if task == "countdown" else "lm", args)  # exits 2 on a refusal
+    else:
+        parsed = _args.parse(name, rest)
+    if compile_cache:
+        enable_compile_cache()
+    try:
+        return int(importlib.import_module(DEMOS[name]).main(rest) or 0)
+    except OSError as e:  # a full disk, a folder gone read-only: one line, no traceback
+        print(os_error_line(name, e, parsed.out, resumes=hasattr(parsed, "resume")), file=sys.stderr)
+        return 1
+
+
+# errors of the device under the output folder: what the user can act on is the folder
+_DISK_ERRNOS = {errno.ENOSPC: "no space left", errno.EDQUOT: "disk quota exceeded",
+                errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
+                errno.EPERM: "operation not permitted"}
+
+
+def os_error_line(name: str, err: OSError, out: str, *, resumes: bool) -> str:
+    """The one line ending a demo whose write (or other system call) failed.
+
+    It names the folder and what to do; the files a demo writes atomically (results, checkpoints,
+    labels) are whole, so a demo that resumes goes on from its last good checkpoint."""
+    again = "run again with --resume: it goes on from the last good checkpoint" if resumes else "run again"
+    where = f" ({err.filename})" if err.filename else ""
+    if err.errno in _DISK_ERRNOS:
+        return (f"python -m jaxweight demo {name}: error: {_DISK_ERRNOS[err.errno]} writing under {out}{where}: "
+                f"free space or fix its permissions (or choose another --out), then {again}")
+    return f"python -m jaxweight demo {name}: error: {err.strerror or err}{where} (output folder {out}); {again}"
 
 
 # ----------------------------------------------------------------------------- bench
@@ -286,9 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "demo":
         # the benchmarks report compile time themselves: the cache is for demos only
-        if use_cache and not (rest and rest[0] in ("-h", "--help", "--list", "list")):
-            enable_compile_cache()
-        return demo(rest)
+        return demo(rest, compile_cache=use_cache)
     if cmd == "bench":
         return bench(rest)
     print(f"unknown command {cmd!r}: use 'demo' or 'bench' (python -m jaxweight --help)", file=sys.stderr)
@@ -297,4 +330,4 @@ def main(argv: list[str] | None = None) -> int:
 
 __all__ = ["main", "demo", "bench", "DEMOS", "DEFAULT_DEMO", "DEMO_REQUIRES", "BENCH_MODULES",
            "list_demos", "describe", "missing_extra", "enable_compile_cache", "compile_cache_dir",
-           "find_bench_dir"]
+           "find_bench_dir", "os_error_line"]

@@ -35,7 +35,8 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 import numpy as np
 
-from ._util import atomic_write_bytes, install_hint
+from ._install import install_hint
+from ._util import atomic_write_bytes
 
 __all__ = ["flatten", "MetricsWriter", "JsonlWriter", "TensorBoardWriter", "MultiWriter", "open_writers"]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from jaxweight import cli
-from jaxweight._util import install_hint
+from jaxweight._install import install_hint
 from jaxweight.demos import _common as C
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,6 +52,106 @@ def test_describe_reads_the_docstring_without_importing(monkeypatch):
     assert "jaxweight.demos.awr" not in sys.modules
 
 
+def _cpu_of_child(argv: list[str]) -> tuple[subprocess.CompletedProcess, float]:
+    """Run ``python -m jaxweight ARGV`` and return it with the CPU seconds (user + system) it took."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    res = subprocess.run([sys.executable, "-m", "jaxweight", *argv], capture_output=True, text=True, timeout=60,
+                         cwd=REPO, env={**os.environ, "JAXWEIGHT_CACHE_DIR": os.devnull})
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return res, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--seeds", "0"], "argument --seeds: must be an integer >= 1, got '0'"),
+    (["--env", "mars"], "argument --env: must be 'cartpole', 'pendulum', 'gymnax:<id>' or 'brax:<name>', got 'mars'"),
+    (["--port", "5"], "--port is the labelling page's: it needs --teacher human"),
+])
+def test_a_mistyped_preferences_flag_is_refused_within_a_second_of_cpu(argv, fragment):
+    """The command line is checked before jax is imported: exit 2, one error line, < 1 s of CPU."""
+    res, cpu = _cpu_of_child(["demo", "preferences", *argv])
+    assert res.returncode == 2, res.stderr
+    assert fragment in res.stderr and res.stderr.count("error:") == 1
+    assert cpu < 1.0, f"{cpu:.2f} s of CPU before the refusal"
+
+
+@pytest.mark.parametrize("name", ["awr", "curriculum", "grpo", "lm", "lm-countdown", "preferences"])
+def test_every_demo_parser_is_built_without_jax(name):
+    code = ("import sys; from jaxweight.demos import _args; "
+            f"_args.parser({name!r}).format_help(); print('jax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_lm_refusals_come_before_the_demo_runs(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.demo(["lm", "--train-seeds", "2", "--ablation-seeds", "3"])
+    assert e.value.code == 2
+    assert _lines(capsys.readouterr().err) == [
+        "python -m jaxweight demo lm: error: --ablation-seeds must be at most --train-seeds (2), got 3"]
+    with pytest.raises(SystemExit) as e:
+        cli.demo(["lm", "--task", "countdown", "--arms", "nope"])
+    assert e.value.code == 2 and "unknown 'nope'" in capsys.readouterr().err
+
+
+def test_a_full_disk_ends_a_demo_with_one_line_and_the_last_checkpoint_whole(tmp_path, capsys, monkeypatch):
+    """A demo whose second checkpoint write fails for want of space (the temp file written, the flush
+    refused): one line naming the folder and what to do, exit 1, no temp file left, the first checkpoint
+    whole. The demo is grpo's command line with a body that writes two checkpoints."""
+    import errno
+    import types
+
+    import numpy as np
+
+    from jaxweight import _util, checkpoint
+
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if ".checkpoint.jwc." in os.readlink(f"/proc/self/fd/{fd}") and (tmp_path / "checkpoint.jwc").exists():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(fd)
+
+    def main(argv):
+        for step in (1, 2):
+            checkpoint.save(tmp_path / "checkpoint.jwc", {"w": np.full(1000, step)}, metadata={"step": step})
+        return 0
+
+    monkeypatch.setattr(_util.os, "fsync", fsync)
+    monkeypatch.setitem(sys.modules, "jaxweight_test_disk_demo", types.SimpleNamespace(main=main))
+    monkeypatch.setitem(cli.DEMOS, "grpo", "jaxweight_test_disk_demo")
+    monkeypatch.setattr(cli, "_available_demos", lambda: list(cli.DEMOS))
+    assert cli.demo(["grpo", "--out", str(tmp_path)]) == 1
+    assert _lines(capsys.readouterr().err) == [
+        f"python -m jaxweight demo grpo: error: no space left writing under {tmp_path}: free space or fix its "
+        "permissions (or choose another --out), then run again"]
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.jwc"]  # no temp file beside it
+    assert checkpoint.load_metadata(tmp_path / "checkpoint.jwc")["step"] == 1
+
+
+def test_os_error_line_of_a_demo_that_resumes_and_of_another_error():
+    import errno
+
+    e = OSError(errno.EROFS, "Read-only file system", "/x/out/checkpoint.jwc")
+    assert cli.os_error_line("lm", e, "/x/out", resumes=True) == (
+        "python -m jaxweight demo lm: error: read-only file system writing under /x/out (/x/out/checkpoint.jwc): "
+        "free space or fix its permissions (or choose another --out), then run again with --resume: it goes on "
+        "from the last good checkpoint")
+    e = OSError(errno.EADDRINUSE, "Address already in use")
+    assert cli.os_error_line("preferences", e, "o", resumes=True) == (
+        "python -m jaxweight demo preferences: error: Address already in use (output folder o); run again with "
+        "--resume: it goes on from the last good checkpoint")
+
+
+def test_the_command_line_tables_match_the_demos():
+    """What ``_args`` states of a demo's defaults is what the demo runs."""
+    from jaxweight.demos import _args, grpo
+
+    assert _args.GRPO_STEPS == (grpo.DemoConfig().steps, grpo.QUICK.steps)
+
+
 def test_missing_demo_module_is_tolerated(monkeypatch, capsys):
     monkeypatch.setitem(cli.DEMOS, "ghost", "jaxweight.demos.no_such_demo")
     assert "ghost" not in cli._available_demos()
@@ -88,7 +188,7 @@ def test_missing_extra_is_one_line_before_import(monkeypatch, capsys):
 
 def test_install_hint_fits_where_jaxweight_came_from(monkeypatch, tmp_path):
     """A checkout gets an editable line (``.`` at its root, its path elsewhere), a wheel the index's."""
-    import jaxweight._util as U
+    import jaxweight._install as U
 
     root = Path(U.__file__).resolve().parents[1]
     monkeypatch.chdir(root)
@@ -97,7 +197,7 @@ def test_install_hint_fits_where_jaxweight_came_from(monkeypatch, tmp_path):
     assert install_hint("rl") == f'pip install -e "{root}[rl]"'
     wheel = tmp_path / "site-packages" / "jaxweight"        # an installed wheel: no pyproject.toml beside it
     wheel.mkdir(parents=True)
-    monkeypatch.setattr(U, "__file__", str(wheel / "_util.py"))
+    monkeypatch.setattr(U, "__file__", str(wheel / "_install.py"))
     assert install_hint("brax") == 'pip install "jaxweight[brax]"'
 
 
@@ -187,12 +287,27 @@ def test_persistent_compile_cache_second_run_compiles_nothing(tmp_path):
 
 
 def test_no_compile_cache_flag_is_stripped(monkeypatch):
-    seen, enabled = [], []
-    monkeypatch.setattr(cli, "demo", lambda argv: seen.append(argv) or 0)
-    monkeypatch.setattr(cli, "enable_compile_cache", lambda: enabled.append(1))
+    seen = []
+    monkeypatch.setattr(cli, "demo", lambda argv, compile_cache: seen.append((argv, compile_cache)) or 0)
     assert cli.main(["demo", "grpo", "--no-compile-cache", "--quick"]) == 0
-    assert seen == [["grpo", "--quick"]] and enabled == []
-    assert cli.main(["demo", "grpo"]) == 0 and enabled == [1]
+    assert seen == [(["grpo", "--quick"], False)]
+    assert cli.main(["demo", "grpo"]) == 0 and seen[-1] == (["grpo"], True)
+
+
+def test_the_compile_cache_is_turned_on_only_after_the_arguments_pass(monkeypatch):
+    import importlib
+
+    enabled, ran = [], []
+    monkeypatch.setattr(cli, "enable_compile_cache", lambda: enabled.append(1))
+    real = importlib.import_module
+    monkeypatch.setattr(cli.importlib, "import_module",
+                        lambda m: type("M", (), {"main": staticmethod(lambda argv: ran.append(argv) or 0)})
+                        if m == cli.DEMOS["grpo"] else real(m))
+    with pytest.raises(SystemExit):
+        cli.demo(["grpo", "--steps", "0"], compile_cache=True)
+    assert enabled == [] and ran == []
+    assert cli.demo(["grpo", "--steps", "3"], compile_cache=True) == 0
+    assert enabled == [1] and ran == [["--steps", "3"]]
 
 
 def test_bench_without_checkout_is_one_line(monkeypatch, capsys, tmp_path):

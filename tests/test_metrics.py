@@ -156,7 +156,7 @@ def test_tensorboard_writer_missing_extra_message(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "tensorboardX", None)
     import re
 
-    from jaxweight._util import install_hint
+    from jaxweight._install import install_hint
 
     with pytest.raises(ImportError, match=re.escape(f"tensorboardX: {install_hint('tensorboard')}")):
         metrics.TensorBoardWriter(tmp_path / "tb")

@@ -42,6 +42,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from jaxweight._install import install_hint
+
 __all__ = [
     "OUT_ROOT",
     "positive_int",
@@ -189,7 +191,7 @@ def add_common_args(parser: argparse.ArgumentParser, demo_name: str, *, seed: bo
     g.add_argument("--strict", action="store_true",
                    help="exit with status 1 when a stated goal of the demo is missed")
     g.add_argument("--tensorboard", metavar="DIR", default=None, type=folder,
-                   help=f"also write TensorBoard event files to DIR ({_install_hint('tensorboard')})")
+                   help=f"also write TensorBoard event files to DIR ({install_hint('tensorboard')})")
     if seed:
         g.add_argument("--seed", type=nonneg_int, default=0, help="the run's PRNG seed (default 0)")
     if quick:
@@ -262,7 +264,7 @@ def save_plot(fig_fn: Callable[[Any], Any], path: str | os.PathLike, *, dpi: int
     try:
         import matplotlib
     except ImportError:
-        log(f"matplotlib is not installed: plot {Path(path).name} skipped ({_install_hint('plots')})")
+        log(f"matplotlib is not installed: plot {Path(path).name} skipped ({install_hint('plots')})")
         return None
     if "matplotlib.pyplot" not in sys.modules:
         matplotlib.use("Agg")
@@ -406,16 +408,8 @@ def missing_modules(modules: str | Iterable[str]) -> list[str]:
 
 def extra_message(what: str, missing: Sequence[str], extra: str) -> str:
     """``'the preferences demo needs gymnax: pip install -e ".[rl]"'`` from a checkout, with
-    ``pip install "jaxweight[rl]"`` from an installed wheel (:func:`jaxweight._util.install_hint`)."""
-    return f"{what} needs {', '.join(missing)}: {_install_hint(extra)}"
-
-
-def _install_hint(extra: str) -> str:
-    # jaxweight._util imports jax: loaded here, when a hint is needed, so that the command line's
-    # refusals stay fast
-    from jaxweight._util import install_hint
-
-    return install_hint(extra)
+    ``pip install "jaxweight[rl]"`` from an installed wheel (:func:`jaxweight._install.install_hint`)."""
+    return f"{what} needs {', '.join(missing)}: {install_hint(extra)}"
 
 
 def require_extra(modules: str | Iterable[str], extra: str, what: str = "this demo") -> None:

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _lm_task
+from ._args import COUNTDOWN_POOLS as POOLS  # the paper's (its generator's filters) and targets up to 99
 
 __all__ = [
     "VOCAB", "PAD", "EOS", "VOCAB_SIZE", "PROMPT_LEN", "COMPLETION_LEN", "NUMBERS", "TARGET_MAX", "POOLS",
@@ -56,9 +57,6 @@ VOCAB_SIZE = len(VOCAB)
 NUMBERS = tuple(range(2, 13))
 TARGET_MAX = 36              # the paper's generator: targets 1..36
 MIN_MODES, MAX_MODES = 2, 8
-# the problem pools: the paper's (its generator's filters) and the wider one of the first studies
-POOLS = {"paper": {"target_max": 36, "number_targets": False},
-         "full": {"target_max": 99, "number_targets": True}}
 PROMPT_LEN = 12              # "10,11,12=99:"
 COMPLETION_LEN = 12          # 11 characters + EOS; a canonical solution needs at most 10 ("(10+11)*12")
 MAX_CHARS = 64               # the host parser refuses longer text before reading it

@@ -28,7 +28,6 @@ control). Outputs under ``--out`` (default ``jaxweight-out/lm-countdown/``): ``r
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
 from pathlib import Path
@@ -37,11 +36,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._util import install_hint
-from . import _common
+from .._install import install_hint
+from . import _args, _common
 from . import _countdown as C
 from . import _countdown_stats as ST
-from ._countdown_pipeline import (ARM_SETTINGS, ARMS, DEFAULT_ARMS, METRICS, QUICK, SWEEP_TAUS, CountdownConfig,
+from ._countdown_pipeline import (ARM_SETTINGS, ARMS, METRICS, QUICK, SWEEP_TAUS, CountdownConfig,
                                   make_pipeline, make_task, warm_start)
 
 __all__ = ["run", "main", "plot", "summary_table", "runs_table", "primary_table", "goals", "COMPARISONS"]
@@ -379,26 +378,8 @@ def plot(plt, res: dict):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jaxweight demo lm --task countdown",
-                                description=__doc__.split("\n\n")[0])
-    _common.add_common_args(p, "lm-countdown", quick_help="tiny model and task, a few steps (a smoke run)")
-    g = p.add_argument_group("countdown options")
-    g.add_argument("--pool", choices=tuple(C.POOLS), default=None,
-                   help="the problem pool: paper (targets 1..36, none equal to a number; default) or full (1..99)")
-    g.add_argument("--sweep", action="store_true",
-                   help=f"every arm ({', '.join(ARMS)}) instead of {', '.join(DEFAULT_ARMS)}")
-    g.add_argument("--arms", type=_common.comma_list(ARMS), default=None, help="comma-separated arms")
-    g.add_argument("--steps", type=_common.positive_int, default=None, help="RL steps (default 200)")
-    g.add_argument("--train-seeds", type=_common.positive_int, default=None, help="training seeds (default 3)")
-    g.add_argument("--eval-seeds", type=_common.positive_int, default=None, help="evaluation seeds (default 3)")
-    g.add_argument("--prompts", type=_common.positive_int, default=None, help="prompts per update B (default 32)")
-    g.add_argument("--generations", type=_common.int_range(2, None), default=None,
-                   help="completions per prompt G (default 8)")
-    g.add_argument("--lr", type=_common.positive_float, default=None, help="Adam learning rate (default 3e-4)")
-    g.add_argument("--sft-steps", type=_common.nonneg_int, default=None, help="warm-start steps (default 400)")
-    g.add_argument("--entropy-coef", type=_common.float_range(0.0, None), default=None,
-                   help="the entropy_bonus arm's coefficient (default 0.01)")
-    a = p.parse_args(argv)
+    p = _args.parser("lm-countdown")
+    a = _args.parse("lm-countdown", argv)  # bad values: one line, exit 2
     _common.require_extra("statsmodels", "stats", "demo lm --task countdown")
     cfg = QUICK if a.quick else CountdownConfig()
     over = {"pool": a.pool, "steps": a.steps, "train_seeds": a.train_seeds, "eval_seeds": a.eval_seeds, "prompts": a.prompts,

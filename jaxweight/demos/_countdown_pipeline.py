@@ -39,22 +39,16 @@ import optax
 from .. import maxent as M
 from . import _countdown as C
 from ._lm_model import TinyLM, sample, sequence_logp_entropy
+from ._args import COUNTDOWN_ARM_SETTINGS as ARM_SETTINGS
+from ._args import COUNTDOWN_ARMS as ARMS
+from ._args import COUNTDOWN_DEFAULT_ARMS as DEFAULT_ARMS
+from ._args import COUNTDOWN_SWEEP_TAUS as SWEEP_TAUS
 from ._lm_pipeline import sft_program
 
 __all__ = ["ARM_SETTINGS", "ARMS", "DEFAULT_ARMS", "CONTROL_ARMS", "SWEEP_TAUS", "class_mean_weights", "METRICS", "CountdownConfig", "QUICK",
            "ArmParams", "arm_params", "CountdownTask", "make_task", "warm_start", "eval_metrics", "Pipeline",
            "make_pipeline"]
 
-SWEEP_TAUS = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0)
-# arm -> (xDr weights on, tau, SEED scale on, token-entropy bonus on, xDr weights averaged per reward class)
-ARM_SETTINGS = {"drgrpo": (False, 0.0, False, False, False),
-                **{f"xdr_tau{t:g}": (True, t, False, False, False) for t in SWEEP_TAUS},
-                "seed_drgrpo": (False, 0.0, True, False, False),
-                "entropy_bonus": (False, 0.0, False, True, False),
-                "xdr_classmean_tau0.05": (True, 0.05, False, False, True)}
-ARMS = tuple(ARM_SETTINGS)
-# the study: the baseline, xDr.GRPO at the paper's tau and its step-size control
-DEFAULT_ARMS = ("drgrpo", "xdr_tau0.05", "xdr_classmean_tau0.05")
 CONTROL_ARMS = {"xdr_tau0.05": "xdr_classmean_tau0.05"}
 METRICS = ("pass_at_1", "pass_at_8", "mean_at_8", "distinct_at_8", "coverage_at_8")
 

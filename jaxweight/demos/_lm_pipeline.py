@@ -25,6 +25,8 @@ import optax
 from .. import curriculum as cur
 from .. import maxent as M
 from .. import sync as S
+from ._args import LM_ARM_FLAGS as ARM_FLAGS
+from ._args import LM_ARMS as ARMS
 from ._lm_model import TinyLM, completion_mask, sample, sequence_logp
 from ._lm_task import (COMPLETION_LEN, EOS, N_BUCKETS, N_LEVELS, PROMPT_LEN, Pool, bucket_of, make_pool,
                        make_split_set, stratified)
@@ -32,20 +34,6 @@ from ._lm_task import (COMPLETION_LEN, EOS, N_BUCKETS, N_LEVELS, PROMPT_LEN, Poo
 __all__ = ["LMConfig", "QUICK", "ARMS", "ARM_FLAGS", "Parts", "Task", "make_task", "warm_start", "Pipeline",
            "make_pipeline", "sft_program", "device_rewards", "device_cluster_ids", "EVAL_SETS", "HARD_LEVELS"]
 
-# what each arm turns on: (curriculum over buckets, MaxEnt weights, dynamic sampling, SEED-GRPO,
-# KL controller steering the loss's KL coefficient)
-ARM_FLAGS = {
-    "full": (True, True, True, True, False),
-    "grpo_uniform": (False, False, False, False, False),
-    "grpo_curriculum": (True, False, False, False, False),
-    "grpo_dynamic": (False, False, True, False, False),
-    "maxent_uniform": (False, True, False, False, False),
-    "full_kl_controller": (True, True, True, True, True),
-    "full_no_maxent": (True, False, True, True, False),
-    "full_no_curriculum": (False, True, True, True, False),
-}
-# the quick run's and --compare's arms; the study adds the two full_no_* ablations
-ARMS = tuple(a for a in ARM_FLAGS if not a.startswith("full_no_"))
 EVAL_SETS = ("heldout", "validation", "inpool")
 HARD_LEVELS = (1, 2, 3)      # 2- to 4-digit problems: the headline (level 0 has ~10 held-out problems)
 

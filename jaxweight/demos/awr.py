@@ -60,6 +60,7 @@ from flax import struct
 from jaxweight import awr, maxent
 from jaxweight import random_weighting as rw
 from jaxweight.checkpoint import save_json
+from jaxweight.demos import _args
 from jaxweight.demos import _common as C
 
 COMPONENTS = ("data", "smooth", "curvature", "ridge", "reference")
@@ -417,11 +418,7 @@ def _write_text(path: Path, text: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jaxweight demo awr", description=__doc__.split("\n")[0])
-    C.add_common_args(ap, "awr", quick_help="small version (< 30 s)")
-    ap.add_argument("--seeds", type=C.positive_int, default=None,
-                    help="number of independent seeds, from --seed on (default 3, quick 1)")
-    a = ap.parse_args(argv)
+    a = _args.parse("awr", argv)  # bad values: one line, exit 2
     res = run(quick=a.quick, seeds=a.seeds, out=a.out, progress=not a.no_progress, seed=a.seed,
               tensorboard=a.tensorboard)
     for k, v in res["paths"].items():

@@ -38,9 +38,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxweight import curriculum as cur
+from jaxweight.demos import _args
 from jaxweight.demos import _common as C
+from jaxweight.demos._args import STRATEGY_ORDER
 
-STRATEGY_ORDER = ("uniform", "easy_first", "competence_based", "competence_sqrt", "prioritized")
 
 # Learner: success sigmoid width, learning kernel offset / width, rate, start.
 TAU, DELTA, SIGMA, ETA, THETA0 = 0.05, 0.03, 0.05, 0.012, 0.05
@@ -170,12 +171,7 @@ def goals(results: dict) -> list[tuple[str, bool]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jaxweight demo curriculum", description=__doc__.split("\n")[0])
-    C.add_common_args(p, "curriculum", quick_help="small pool and few steps (< 30 s)")
-    p.add_argument("--seeds", type=C.positive_int, default=None, help="runs per strategy (vmapped)")
-    p.add_argument("--strategies", type=C.comma_list(STRATEGY_ORDER), default=list(STRATEGY_ORDER),
-                   help="comma-separated subset of " + ", ".join(STRATEGY_ORDER))
-    a = p.parse_args(argv)
+    a = _args.parse("curriculum", argv)  # bad values: one line, exit 2
     strategies = tuple(dict.fromkeys(a.strategies))
     if a.quick:
         sizes = dict(n_items=10_000, steps=150, batch=64, group=4, seeds=a.seeds or 2)

@@ -48,6 +48,7 @@ import optax
 
 from jaxweight import maxent as M
 from jaxweight.checkpoint import save_bytes
+from jaxweight.demos import _args
 from jaxweight.demos import _common as C
 
 __all__ = ["main", "run", "goals", "write_outputs", "DemoConfig"]
@@ -373,11 +374,7 @@ def summary_table(res: dict[str, Any], rows: int = 6) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jaxweight demo grpo", description=__doc__.split("\n")[0])
-    C.add_common_args(p, "grpo", quick_help="small task and few steps (< 30 s)")
-    p.add_argument("--steps", type=C.positive_int, default=None,
-                   help=f"training steps (default {DemoConfig().steps}, quick {QUICK.steps})")
-    a = p.parse_args(argv)
+    a = _args.parse("grpo", argv)  # bad values: one line, exit 2
     timer = C.Timer()
     res = run(quick=a.quick, out=a.out, steps=a.steps, seed=a.seed, progress=not a.no_progress,
               tensorboard=a.tensorboard, timer=timer)

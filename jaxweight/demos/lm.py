@@ -30,7 +30,6 @@ build the two groups from ``jax.devices()`` and call the same ``run`` everywhere
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import math
@@ -43,7 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import checkpoint as ckpt
-from . import _common
+from . import _args, _common
+from ._args import LM_COMPARE_SEEDS as COMPARE_SEEDS
 from ._lm_pipeline import (
     ARM_FLAGS,
     ARMS,
@@ -66,7 +66,6 @@ from ._lm_task import N_BUCKETS, N_LEVELS, bucket_name
 __all__ = ["LMConfig", "QUICK", "ARMS", "ARM_FLAGS", "Parts", "Task", "make_task", "warm_start", "Pipeline",
            "make_pipeline", "run", "main", "device_rewards", "device_cluster_ids", "pass_at_k", "COMPARE_SEEDS"]
 
-COMPARE_SEEDS = 3
 
 
 def pass_at_k(correct: np.ndarray, n: int, k: int) -> np.ndarray:
@@ -436,55 +435,16 @@ def plot(plt, res: dict):
     return fig
 
 
-TASKS = ("arithmetic", "countdown")
 
 
 def main(argv: list[str] | None = None) -> int:
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--task", choices=TASKS, default="arithmetic")
-    known, rest = pre.parse_known_args(argv)
-    if known.task == "countdown":
+    task, rest = _args.split_task(argv)
+    if task == "countdown":
         from ._countdown_demo import main as countdown_main
 
         return countdown_main(rest)
-    p = argparse.ArgumentParser(prog="python -m jaxweight demo lm", description=__doc__.split("\n\n")[0])
-    p.add_argument("--task", choices=TASKS, default="arithmetic",
-                   help="arithmetic (default, this page's options) or countdown (ModeBench Countdown: "
-                        "Dr.GRPO vs xDr.GRPO; `--task countdown --help` lists its options)")
-    _common.add_common_args(p, "lm", quick_help="tiny model and task, a few steps (a smoke run, < 1 min)")
-    g = p.add_argument_group("lm demo options")
-    g.add_argument("--compare", action="store_true",
-                   help=f"the ablation: every arm x {COMPARE_SEEDS} seeds (about {len(ARMS) * COMPARE_SEEDS // 2}x "
-                        "the default run's time), mean and 95%% interval")
-    g.add_argument("--steps", type=_common.positive_int, default=None, help="RL steps (default 1200)")
-    g.add_argument("--seeds", type=_common.positive_int, default=None, help="seeds per arm (default 1)")
-    g.add_argument("--arms", type=_common.comma_list(ARM_FLAGS), default=None,
-                   help=f"comma-separated arms (default full,grpo_uniform; all: {','.join(ARM_FLAGS)})")
-    g.add_argument("--prompts", type=_common.positive_int, default=None, help="groups per update B (default 32)")
-    g.add_argument("--sample-prompts", type=_common.positive_int, default=None,
-                   help="groups sampled per step P >= B; dynamic sampling keeps B (default 48)")
-    g.add_argument("--generations", type=_common.int_range(2, None), default=None,
-                   help="completions per prompt G (default 8)")
-    g.add_argument("--lr", type=_common.positive_float, default=None, help="learner Adam learning rate")
-    g.add_argument("--kl-coef", type=_common.float_range(0.0, None), default=None,
-                   help="the loss's KL coefficient (every arm but full_kl_controller; default 0.04)")
-    g.add_argument("--temperature", type=_common.positive_float, default=None, help="sampling temperature")
-    g.add_argument("--sync-interval", type=_common.positive_int, default=None,
-                   help="learner -> actor sync every k steps (default 2)")
-    g.add_argument("--replay", type=_common.prob, default=None,
-                   help="fraction of the curriculum arms' prompts from curriculum-chosen buckets (default 0.5)")
-    g.add_argument("--eval-every", type=_common.positive_int, default=None, help="evaluation period (default 100)")
-    g.add_argument("--sft-steps", type=_common.nonneg_int, default=None, help="warm-start steps (default 400)")
-    g.add_argument("--train-seeds", type=_common.positive_int, default=None,
-                   help="the study: this many paired training runs of full vs grpo_uniform, in resumable parts "
-                        "under --out/part-*/ and the pre-registered paired analysis in --out/study.json")
-    g.add_argument("--part-seeds", type=_common.int_range(2, None), default=4,
-                   help="training seeds per part of the study (one vmapped run each; default 4)")
-    g.add_argument("--ablation-seeds", type=_common.nonneg_int, default=0,
-                   help="the study's first N training seeds also train full_no_maxent and full_no_curriculum")
-    g.add_argument("--resume", action="store_true", help="continue from --out/checkpoint.jwc if present")
-    g.add_argument("--no-checkpoint", action="store_true", help="do not write checkpoint.jwc")
-    a = p.parse_args(argv)
+    p = _args.parser("lm")
+    a = _args.parse("lm", argv)  # bad values and refused combinations: one line, exit 2
     cfg = QUICK if a.quick else LMConfig()
     over = {"steps": a.steps, "seeds": a.seeds, "prompts": a.prompts, "sample_prompts": a.sample_prompts,
             "generations": a.generations, "lr": a.lr, "kl_coef": a.kl_coef, "temperature": a.temperature,
@@ -499,10 +459,6 @@ def main(argv: list[str] | None = None) -> int:
         over["eval_every"] = over["chunk"] = a.eval_every
     if a.prompts is not None and a.sample_prompts is None:
         over["sample_prompts"] = max(cfg.sample_prompts * a.prompts // cfg.prompts, a.prompts)
-    if a.train_seeds is not None and (a.compare or a.seeds is not None or a.arms is not None):
-        p.error("--train-seeds sets the seeds and arms itself; drop --compare/--seeds/--arms")
-    if a.train_seeds is not None and a.ablation_seeds > a.train_seeds:
-        p.error(f"--ablation-seeds must be at most --train-seeds ({a.train_seeds}), got {a.ablation_seeds}")
     cfg = _common.replace_config(p, cfg, over)
     out = _common.out_dir(a)
     log = _common.line_logger(a)

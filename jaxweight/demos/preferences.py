@@ -86,7 +86,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxweight import StateFileError, checkpoint, metrics
+from jaxweight.demos import _args
 from jaxweight.demos import _common as C
+from jaxweight.demos._args import AGENTS, TEACHERS
 from jaxweight.preference import RewardTrainer, concatenate_trajectories, random_fragments
 
 if TYPE_CHECKING:  # the driver needs gymnax (the rl extra): imported where it is used
@@ -98,11 +100,8 @@ GOAL_ACCURACY = 0.90
 GOAL_WALL_S = 600.0
 #: a full brax run's goal: (learned - random) / (true - random) at the same budget, mean over seeds
 GOAL_NORMALISED = 0.8
-TEACHERS = ("synthetic", "human")
 #: the settings of a run labelled by a person, full and quick: 30 comparisons in round 0, then 8 to 26 a round
 HUMAN_SETTINGS = {False: dict(total_comparisons=300, num_iterations=15), True: dict(total_comparisons=80)}
-#: the modules of the ``label`` extra that ``--teacher human`` needs
-LABEL_MODULES = ("starlette", "uvicorn", "PIL")
 LABELS_NAME = "labels.jsonl"
 
 
@@ -172,9 +171,9 @@ BRAX_REWARD_INPUTS = {"reacher": dict(use_action=True), "inverted_pendulum": dic
 BRAX_REWARD_MIRROR = {
     "inverted_double_pendulum": (-1.0, -1.0, -1.0, 1.0, 1.0, -1.0, -1.0, -1.0),
 }
-#: the agents of ``--agent``: the loop's PPO, or SAC (:class:`~jaxweight.preference.generators.SACGenerator`, continuous
-#: actions only; PEBBLE's agent, whose replay buffer is relabelled with every new reward model)
-AGENTS = ("ppo", "sac")
+#: the agents of ``--agent`` (:data:`jaxweight.demos._args.AGENTS`): the loop's PPO, or SAC
+#: (:class:`~jaxweight.preference.generators.SACGenerator`, continuous actions only; PEBBLE's agent, whose
+#: replay buffer is relabelled with every new reward model)
 #: SAC's settings (Stable-Baselines3's: buffer 1e6, batch 256, lr 3e-4, gamma 0.99, 10,000 random steps first,
 #: (256, 256) relu networks; 16 vmapped environments, each step followed by 16 gradient steps: one per
 #: transition) and its smaller budget: SAC learns from far fewer steps than PPO, and each costs a gradient step
@@ -975,51 +974,9 @@ def report(res: dict) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    """The demo's command line (every value checked by argparse: one line and exit code 2 when bad)."""
-    ap = argparse.ArgumentParser(prog="python -m jaxweight demo preferences", description=__doc__.split("\n")[0])
-    C.add_common_args(ap, "preferences", quick_help="small version (about a minute of running)")
-    ap.add_argument("--resume", action="store_true", help="continue a killed run from its last finished round")
-    ap.add_argument("--resume-override", action="store_true",
-                    help="with --resume: continue even if settings differ from the checkpoint's (changes are logged)")
-    ap.add_argument("--env", default="cartpole", metavar="ENV",
-                    help="cartpole (default), pendulum, gymnax:<id> (any gymnax environment, e.g. gymnax:Acrobot-v1) "
-                         f"or brax:<name> (e.g. brax:inverted_pendulum; needs {C._install_hint('brax')})")
-    ap.add_argument("--agent", default=None, choices=AGENTS,
-                    help="the agent trained on the learned reward (and on the true one for the baseline): ppo or "
-                         "sac (gymnax:/brax: ids with continuous actions). Default: per env, the one measured best "
-                         "(sac on brax:inverted_pendulum, inverted_double_pendulum, halfcheetah, hopper, walker2d, "
-                         "ant; ppo elsewhere)")
-    ap.add_argument("--teacher", default="synthetic", choices=TEACHERS,
-                    help="who compares the fragments: the synthetic teacher (default) or a person on a labelling "
-                         f"page whose URL is printed (needs {C._install_hint('label')}; one seed, 16 rounds, "
-                         "300 comparisons: 30, then 26 down to 13 a round; quick: 80)")
-    ap.add_argument("--port", type=C.int_range(0, 65535), default=None, metavar="P",
-                    help="with --teacher human: the labelling page's port on 127.0.0.1 (default: a free one)")
-    ap.add_argument("--idle", choices=("equal", "skip", "ask"), default=None,
-                    help="with --teacher human: pairs with nothing to judge (both clips up for as many steps, e.g. "
-                         "both fallen all along, or identical) are answered equal without asking (default), "
-                         "skipped, or asked")
-    ap.add_argument("--seeds", type=C.positive_int, default=None,
-                    help="seeds run at once with jax.vmap (default 4, quick 2; --teacher human: 1)")
-    ap.add_argument("--rounds", type=C.positive_int, default=None, metavar="K",
-                    help="rounds after the initial one (num_iterations; default 10, quick 6; --teacher human: 15)")
-    ap.add_argument("--comparisons", type=C.positive_int, default=None, metavar="N",
-                    help="comparisons over the whole run (default 2000, quick 1000; --teacher human: 300, quick 80)")
-    ap.add_argument("--timesteps", type=C.positive_int, default=None, metavar="N",
-                    help="agent steps over the whole run (default 1e6, quick 6e5)")
-    ap.add_argument("--fragment-length", type=C.positive_int, default=None, metavar="L",
-                    help="steps per compared fragment (default 20)")
-    ap.add_argument("--members", type=C.int_range(2), default=None, metavar="M",
-                    help="reward ensemble size, >= 2 (default 3)")
-    ap.add_argument("--reward-lr", type=C.positive_float, default=None, metavar="X",
-                    help="reward-model learning rate (default 1e-3)")
-    ap.add_argument("--agent-lr", type=C.positive_float, default=None, metavar="X",
-                    help="the agent's learning rate, PPO's or SAC's (default 1e-3; brax ids and SAC 3e-4)")
-    ap.add_argument("--baseline", dest="baseline", action="store_true", default=None,
-                    help="train the agent on the true reward with the same steps (default: on, off with --quick)")
-    ap.add_argument("--no-baseline", dest="baseline", action="store_false",
-                    help="skip the agent on the true reward")
-    return ap
+    """The demo's command line (:mod:`jaxweight.demos._args`: built without jax; every value checked by
+    argparse: one line and exit code 2 when bad)."""
+    return _args.parser("preferences")
 
 
 def _fail(message: str) -> int:
@@ -1028,21 +985,8 @@ def _fail(message: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = parser()
-    args = ap.parse_args(argv)
-    if args.resume_override and not args.resume:
-        ap.error("--resume-override needs --resume")
+    args = _args.parse("preferences", argv)  # bad values and refused combinations: one line, exit 2
     C.require_extra("gymnax", "rl", "the preferences demo")
-    if args.port is not None and args.teacher != "human":
-        return _fail("--port is the labelling page's: it needs --teacher human")
-    if args.idle is not None and args.teacher != "human":
-        return _fail("--idle is the labelling page's: it needs --teacher human")
-    if args.teacher == "human":
-        if args.seeds is not None and args.seeds > 1:
-            return _fail(f"a person labels one run: --teacher human takes one seed, got --seeds {args.seeds}")
-        missing = C.missing_modules(LABEL_MODULES)
-        if missing:
-            return _fail(C.extra_message("--teacher human", missing, "label"))
     overrides = dict(num_iterations=args.rounds, total_comparisons=args.comparisons,
                      total_timesteps=args.timesteps, fragment_length=args.fragment_length,
                      num_members=args.members, reward_learning_rate=args.reward_lr, learning_rate=args.agent_lr)

@@ -28,7 +28,7 @@ import importlib.util
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._util import install_hint
+from .._install import install_hint
 from .fixed_horizon import FixedHorizon
 
 __all__ = ["Family", "FAMILIES", "make", "known_ids"]

@@ -308,7 +308,9 @@ def test_demo_refuses_a_human_run_it_cannot_do_in_one_line(loops, monkeypatch, c
     from jaxweight.demos import preferences as demo
 
     def fails(argv, expect):
-        assert demo.main(argv + ["--out", str(tmp_path / "out")]) == 2
+        with pytest.raises(SystemExit) as e:  # refused by the command line, before jax is needed
+            demo.main(argv + ["--out", str(tmp_path / "out")])
+        assert e.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("python -m jaxweight demo preferences: error: ") and expect in err[0]
 
@@ -318,7 +320,7 @@ def test_demo_refuses_a_human_run_it_cannot_do_in_one_line(loops, monkeypatch, c
     real = C.missing_modules
     monkeypatch.setattr(C, "missing_modules", lambda mods: ["starlette", "uvicorn"] if "starlette" in mods
                         else real(mods))
-    from jaxweight._util import install_hint
+    from jaxweight._install import install_hint
     fails(["--teacher", "human"], f"--teacher human needs starlette, uvicorn: {install_hint('label')}")
     assert not (tmp_path / "out").exists()  # refused before anything was written
 

@@ -13,7 +13,7 @@ from flax import struct
 from gymnax.environments import environment, spaces
 
 from jaxweight import preference as pf
-from jaxweight._util import install_hint
+from jaxweight._install import install_hint
 from jaxweight.preference import driver as dr
 from jaxweight.rl.env_ids import known_ids
 from jaxweight.rl.envs import FixedHorizonCartPole, env_step, make_env, oracle_reward
