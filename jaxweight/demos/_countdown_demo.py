@@ -17,7 +17,7 @@ mean, a t interval and a Wilcoxon p over runs; mean@8 is judged flat by TOST at 
 take-off shares by Fisher's exact test. The paper's regression (seed fixed effects,
 prompt-clustered errors) and the same regression clustered by prompt and run are secondary.
 
-Default: Dr.GRPO, xDr.GRPO tau = 0.05 and its step-size control (xDr.GRPO's weights averaged
+Default: Dr.GRPO, xDr.GRPO tau = 0.05 and its class-mean control (xDr.GRPO's weights averaged
 within each reward class: the same update magnitude without the concentration), 3 training x 3
 evaluation seeds; the study runs ``--train-seeds 32``. ``--sweep``: every arm of :data:`ARMS`
 (xDr.GRPO at every tau of :data:`SWEEP_TAUS`, SEED-Dr.GRPO, a token-entropy bonus, the
@@ -289,7 +289,7 @@ def _above_zero(c: dict) -> bool:
 def goals(res: dict) -> list:
     """The study's goals, on the primary (run-level) analysis: xDr.GRPO tau = 0.05 against Dr.GRPO
     with CI95 above 0 on coverage@8 and pass@8, mean@8 flat by TOST, and the gain surviving the
-    step-size control (xDr.GRPO against its class-mean control, CI95 above 0); only the
+    class-mean control (xDr.GRPO against its class-mean control, CI95 above 0); only the
     comparisons that ran."""
     pr = res.get("primary") or {}
     out = []
@@ -303,7 +303,7 @@ def goals(res: dict) -> list:
                     f"{_fmt_primary(c['mean_at_8'])})", m8["flat"]))
     c = pr.get("xdr_tau0.05 - xdr_classmean_tau0.05")
     if c:
-        out.append(("the gain survives the step-size control: xDr.GRPO - class-mean control, pass@8 and "
+        out.append(("the gain survives the class-mean control: xDr.GRPO - class-mean control, pass@8 and "
                     f"coverage@8 run-level CI95 above 0 (measured {_fmt_primary(c['pass_at_8'])}; "
                     f"{_fmt_primary(c['coverage_at_8'])})", _above_zero(c["pass_at_8"]) and
                     _above_zero(c["coverage_at_8"])))

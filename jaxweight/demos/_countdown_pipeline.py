@@ -13,7 +13,7 @@ set by the arm's array leaves (:class:`ArmParams`), so arms and seeds share one 
 * ``seed_drgrpo``: the advantages scaled by :func:`jaxweight.maxent.seed_grpo_scale` of the
   group's semantic entropy over canonical answer forms;
 * ``entropy_bonus``: minus ``entropy_coef`` x the policy's mean token entropy added to the loss;
-* ``xdr_classmean_tau0.05`` (the step-size control): xDr.GRPO's weights at tau = 0.05 averaged
+* ``xdr_classmean_tau0.05`` (the class-mean control): xDr.GRPO's weights at tau = 0.05 averaged
   within each group's reward class (:func:`class_mean_weights`): the same total weight on the
   group's correct and on its wrong completions as xDr.GRPO's, so the same update magnitude, but
   spread uniformly over each class instead of concentrated on some of its members (identical to
@@ -128,7 +128,7 @@ class ArmParams:
     Attributes:
       xdr: bool[] xDr.GRPO aggregation weights on; tau: f32[] their temperature.
       seed: bool[] SEED-GRPO advantage scale on; entropy_coef: f32[] token-entropy bonus (0: off).
-      classmean: bool[] the xDr weights averaged within each reward class (the step-size control).
+      classmean: bool[] the xDr weights averaged within each reward class (the class-mean control).
     """
 
     xdr: jax.Array

@@ -662,6 +662,25 @@ def _checkpoint_status(ckpt_dir: Path, resume: bool, num_rounds: int) -> str:
             f"in {path} is moved aside, never resumed by this run (pass --resume to continue it instead)")
 
 
+def finished_results(ckpt_dir: Path, results: Path, num_rounds: int, settings: dict) -> Path | None:
+    """``results`` when it is the evaluation of the finished run in ``ckpt_dir``, else None.
+
+    Finished: the checkpoint has every round done, and the results JSON, written after it, holds the
+    same settings. ``--resume`` of such a run says so and exits instead of evaluating it again."""
+    from jaxweight.preference.driver import CHECKPOINT_NAME
+
+    path = Path(ckpt_dir) / CHECKPOINT_NAME
+    try:
+        done = int(checkpoint.load_metadata(path).get("rounds_done", 0))
+        res = json.loads(Path(results).read_text("utf-8"))
+        newer = Path(results).stat().st_mtime >= path.stat().st_mtime
+    except (OSError, ValueError, TypeError, AttributeError):  # no checkpoint or results, or a damaged one
+        return None
+    if done >= num_rounds and newer and isinstance(res, dict) and res.get("settings") == _json_ready(settings):
+        return Path(results)
+    return None
+
+
 def _move_aside(path: Path) -> Path | None:
     """Rename an earlier run's file to ``<stem>-<time><suffix>`` (nothing is deleted); its new path or None."""
     if not path.exists() or path.stat().st_size == 0:
@@ -787,6 +806,12 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
     if hours is not None and jax.default_backend() == "cpu":
         log(f"[preferences] {hours}")
     labeller = labels = None
+    if ckpt is not None and resume and not resume_override:
+        done = finished_results(ckpt, Path(out) / f"{tag}.json", plan.num_rounds, dataclasses.asdict(s))
+        if done is not None:  # nothing to run: say where the results are (remove them to evaluate again)
+            log(f"[preferences] this run is finished: all {plan.num_rounds} rounds done; results in {done} "
+                "(remove that file to evaluate the checkpoint again)")
+            return {**json.loads(done.read_text("utf-8")), "json": str(done), "finished_earlier": True}
     if ckpt is not None:
         log(_checkpoint_status(ckpt, resume, plan.num_rounds))
         if not resume:  # a fresh run: a later --resume must never continue the earlier run
@@ -1008,6 +1033,9 @@ def main(argv: list[str] | None = None) -> int:
                 else f"the checkpoint of the last finished round is in {ckpt}")
         print(f"\n[preferences] stopped: {kept}; run again with --resume to continue", file=sys.stderr)
         return 130
+    if res.get("finished_earlier"):
+        print(f"[preferences] finished earlier: results in {res['json']}")
+        return 0
     print(report(res))
     sys.stdout.flush()
     return C.finish(goals(res), args.strict)

@@ -131,6 +131,37 @@ def test_checkpoint_status_line(tmp_path):
     assert "cannot be read" in demo._checkpoint_status(tmp_path, True, 7)
 
 
+def test_resume_of_a_finished_run_says_so_and_exits_0_without_evaluating(tmp_path, capsys, monkeypatch):
+    """A checkpoint with every round done and its results JSON written after it: ``--resume`` prints the
+    results path and exits 0; the loop is never trained or evaluated again."""
+    import dataclasses
+    import json
+    import time
+
+    from jaxweight import checkpoint
+    from jaxweight.preference.driver import CHECKPOINT_NAME
+
+    s = demo.settings("cartpole", quick=True)
+    rounds = demo.build(s).plan(s.total_timesteps, s.total_comparisons).num_rounds
+    tag = demo.file_tag("cartpole", quick=True)
+    ck = tmp_path / "checkpoints" / tag
+    checkpoint.save(ck / CHECKPOINT_NAME, {"x": np.zeros(2, np.float32)}, metadata={"rounds_done": rounds})
+    time.sleep(0.05)
+    results = tmp_path / f"{tag}.json"
+    results.write_text(json.dumps({"settings": demo._json_ready(dataclasses.asdict(s)), "marker": 1}))
+    monkeypatch.setattr(demo, "_run", lambda *a, **k: pytest.fail("a finished run was run again"))
+    assert demo.main(["--quick", "--resume", "--out", str(tmp_path), "--no-progress"]) == 0
+    out = capsys.readouterr()
+    assert f"[preferences] finished earlier: results in {results}" in out.out
+    assert f"this run is finished: all {rounds} rounds done; results in {results}" in out.out + out.err
+    # other settings, or a checkpoint newer than the results (an evaluation that never finished): not finished
+    assert demo.finished_results(ck, results, rounds, {**dataclasses.asdict(s), "seeds": 7}) is None
+    assert demo.finished_results(ck, results, rounds + 1, dataclasses.asdict(s)) is None
+    time.sleep(0.05)
+    checkpoint.save(ck / CHECKPOINT_NAME, {"x": np.zeros(2, np.float32)}, metadata={"rounds_done": rounds})
+    assert demo.finished_results(ck, results, rounds, dataclasses.asdict(s)) is None
+
+
 def test_figure_leaves_out_rounds_without_a_decided_fresh_pair():
     """``fresh_accuracy`` is 0 where no new pair was decided (``fresh_decided`` 0): not measured, so not plotted."""
     pytest.importorskip("matplotlib", reason="needs matplotlib (the notebooks extra)")
