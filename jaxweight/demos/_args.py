@@ -30,7 +30,8 @@ __all__ = ["AGENTS", "TEACHERS", "LABEL_MODULES", "ENV_BUILTINS", "ENV_FAMILIES"
 
 # ----------------------------------------------------------------------------- the names
 
-#: preferences: the agents of ``--agent`` (the loop's PPO, or SAC on continuous actions)
+#: preferences: the agents of ``--agent``: the loop's PPO, or SAC (``SACGenerator``, continuous actions only;
+#: PEBBLE's agent, whose replay buffer is relabelled with every new reward model)
 AGENTS = ("ppo", "sac")
 #: preferences: who compares the fragments
 TEACHERS = ("synthetic", "human")

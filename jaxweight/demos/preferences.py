@@ -171,9 +171,6 @@ BRAX_REWARD_INPUTS = {"reacher": dict(use_action=True), "inverted_pendulum": dic
 BRAX_REWARD_MIRROR = {
     "inverted_double_pendulum": (-1.0, -1.0, -1.0, 1.0, 1.0, -1.0, -1.0, -1.0),
 }
-#: the agents of ``--agent`` (:data:`jaxweight.demos._args.AGENTS`): the loop's PPO, or SAC
-#: (:class:`~jaxweight.preference.generators.SACGenerator`, continuous actions only; PEBBLE's agent, whose
-#: replay buffer is relabelled with every new reward model)
 #: SAC's settings (Stable-Baselines3's: buffer 1e6, batch 256, lr 3e-4, gamma 0.99, 10,000 random steps first,
 #: (256, 256) relu networks; 16 vmapped environments, each step followed by 16 gradient steps: one per
 #: transition) and its smaller budget: SAC learns from far fewer steps than PPO, and each costs a gradient step
