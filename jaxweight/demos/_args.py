@@ -17,6 +17,7 @@ import ast
 import difflib
 import sys
 from collections.abc import Callable
+from typing import NamedTuple
 from pathlib import Path
 
 from jaxweight._install import install_hint
@@ -24,8 +25,8 @@ from jaxweight._install import install_hint
 from . import _common as C
 
 __all__ = ["AGENTS", "TEACHERS", "LABEL_MODULES", "ENV_BUILTINS", "ENV_FAMILIES", "STRATEGY_ORDER", "TASKS",
-           "LM_ARM_FLAGS", "COUNTDOWN_SWEEP_TAUS", "COUNTDOWN_ARM_SETTINGS", "COUNTDOWN_DEFAULT_ARMS",
-           "COUNTDOWN_POOLS", "COUNTDOWN_ARMS", "GRPO_STEPS", "LM_ARMS", "LM_COMPARE_SEEDS", "doc_line", "parser",
+           "LM_ARM_FLAGS", "COUNTDOWN_SWEEP_TAUS", "CountdownArm", "COUNTDOWN_ARM_SETTINGS", "COUNTDOWN_DEFAULT_ARMS",
+           "COUNTDOWN_POOLS", "COUNTDOWN_ARMS", "COUNTDOWN_SWEEP_ARMS", "GRPO_STEPS", "LM_ARMS", "LM_COMPARE_SEEDS", "doc_line", "parser",
            "split_task", "refusal", "parse"]
 
 # ----------------------------------------------------------------------------- the names
@@ -58,13 +59,33 @@ LM_ARM_FLAGS = {
 }
 #: lm --task countdown: the taus of the sweep
 COUNTDOWN_SWEEP_TAUS = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0)
-#: lm --task countdown: arm -> (xDr weights on, tau, SEED scale on, token-entropy bonus on, xDr
-#: weights averaged per reward class)
-COUNTDOWN_ARM_SETTINGS = {"drgrpo": (False, 0.0, False, False, False),
-                          **{f"xdr_tau{t:g}": (True, t, False, False, False) for t in COUNTDOWN_SWEEP_TAUS},
-                          "seed_drgrpo": (False, 0.0, True, False, False),
-                          "entropy_bonus": (False, 0.0, False, True, False),
-                          "xdr_classmean_tau0.05": (True, 0.05, False, False, True)}
+class CountdownArm(NamedTuple):
+    """lm --task countdown: one arm's settings (Dr.GRPO with each field at its default)."""
+
+    xdr: bool = False            # xDr.GRPO aggregation weights (candidate_weights of U = A T / T_max)
+    tau: float = 0.0             # their temperature
+    seed: bool = False           # SEED-GRPO advantage scale
+    entropy: bool = False        # token-entropy bonus (coefficient entropy_coef)
+    classmean: bool = False      # xDr weights averaged within each reward class (the class-mean control)
+    positive: bool = False       # positive_class_weights: the best class uniformly, 0 on the rest
+    maxent: bool = False         # maxent.step's MaxEnt-GRPO sequence weights (signal G w - 1), tau controller on
+    lr_scale: float = 1.0        # the Adam step times this (2: twice the learning rate)
+    graded: bool = False         # the graded reward (partial credit by distance to the target)
+
+
+#: lm --task countdown: arm -> its settings
+COUNTDOWN_ARM_SETTINGS = {"drgrpo": CountdownArm(),
+                          **{f"xdr_tau{t:g}": CountdownArm(xdr=True, tau=t) for t in COUNTDOWN_SWEEP_TAUS},
+                          "seed_drgrpo": CountdownArm(seed=True),
+                          "entropy_bonus": CountdownArm(entropy=True),
+                          "xdr_classmean_tau0.05": CountdownArm(xdr=True, tau=0.05, classmean=True),
+                          "positive_class": CountdownArm(positive=True),
+                          "maxent_step": CountdownArm(maxent=True),
+                          "drgrpo_lr2x": CountdownArm(lr_scale=2.0),
+                          "drgrpo_lr4x": CountdownArm(lr_scale=4.0),
+                          "drgrpo_graded": CountdownArm(graded=True),
+                          "xdr_tau0.05_graded": CountdownArm(xdr=True, tau=0.05, graded=True),
+                          "xdr_classmean_tau0.05_graded": CountdownArm(xdr=True, tau=0.05, classmean=True, graded=True)}
 #: lm --task countdown: the study's arms: the baseline, xDr.GRPO at the paper's tau and its class-mean control
 COUNTDOWN_DEFAULT_ARMS = ("drgrpo", "xdr_tau0.05", "xdr_classmean_tau0.05")
 #: lm --task countdown: the problem pools: the paper's generator's filters, or targets up to 99
@@ -211,6 +232,9 @@ def _lm() -> argparse.ArgumentParser:
 
 
 COUNTDOWN_ARMS = tuple(COUNTDOWN_ARM_SETTINGS)
+#: lm --task countdown --sweep: xDr.GRPO at every tau, SEED, the entropy bonus and the control, beside Dr.GRPO
+COUNTDOWN_SWEEP_ARMS = ("drgrpo", *(f"xdr_tau{t:g}" for t in COUNTDOWN_SWEEP_TAUS), "seed_drgrpo", "entropy_bonus",
+                        "xdr_classmean_tau0.05")
 
 
 def _countdown() -> argparse.ArgumentParser:
@@ -221,7 +245,7 @@ def _countdown() -> argparse.ArgumentParser:
     g.add_argument("--pool", choices=tuple(COUNTDOWN_POOLS), default=None,
                    help="the problem pool: paper (targets 1..36, none equal to a number; default) or full (1..99)")
     g.add_argument("--sweep", action="store_true",
-                   help=f"every arm ({', '.join(COUNTDOWN_ARMS)}) instead of {', '.join(COUNTDOWN_DEFAULT_ARMS)}")
+                   help=f"the sweep's arms ({', '.join(COUNTDOWN_SWEEP_ARMS)}) instead of {', '.join(COUNTDOWN_DEFAULT_ARMS)}")
     g.add_argument("--arms", type=C.comma_list(COUNTDOWN_ARMS), default=None, help="comma-separated arms")
     g.add_argument("--steps", type=C.positive_int, default=None, help="RL steps (default 200)")
     g.add_argument("--train-seeds", type=C.positive_int, default=None, help="training seeds (default 3)")
@@ -233,6 +257,12 @@ def _countdown() -> argparse.ArgumentParser:
     g.add_argument("--sft-steps", type=C.nonneg_int, default=None, help="warm-start steps (default 400)")
     g.add_argument("--entropy-coef", type=C.float_range(0.0, None), default=None,
                    help="the entropy_bonus arm's coefficient (default 0.01)")
+    g.add_argument("--study", action="store_true",
+                   help="the arms study: its parts in order under --out (a finished part is kept, the rest run), "
+                        "then study.json with the pre-registered analysis against the recorded 32-run study")
+    g.add_argument("--reference", default=None,
+                   help="--study: the recorded 32-run study's results "
+                        "(default bench/results/demo-lm-countdown-32seeds-cpu-2core.json)")
     return p
 
 
@@ -294,6 +324,14 @@ def refusal(name: str, args: argparse.Namespace) -> str | None:
             return "--train-seeds sets the seeds and arms itself; drop --compare/--seeds/--arms"
         if args.train_seeds is not None and args.ablation_seeds > args.train_seeds:
             return f"--ablation-seeds must be at most --train-seeds ({args.train_seeds}), got {args.ablation_seeds}"
+    if name == "lm-countdown":
+        if args.reference is not None and not args.study:
+            return "--reference is the study's: it needs --study"
+        if args.study:
+            set_ = [f for f, v in (("--quick", args.quick), ("--sweep", args.sweep), ("--arms", args.arms),
+                                   ("--train-seeds", args.train_seeds)) if v]
+            if set_:
+                return f"--study sets its arms and seeds itself (the defaults elsewhere); drop {'/'.join(set_)}"
     return None
 
 

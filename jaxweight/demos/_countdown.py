@@ -45,9 +45,9 @@ __all__ = [
     "VOCAB", "PAD", "EOS", "VOCAB_SIZE", "PROMPT_LEN", "COMPLETION_LEN", "NUMBERS", "TARGET_MAX", "POOLS",
     "MIN_MODES", "MAX_MODES", "MAX_CHARS", "MAX_DEPTH", "MAX_LITERAL_DIGITS", "N_TRAIN", "N_EVAL",
     "Tree", "evaluate", "canonical", "tree_code", "render", "expressions", "solutions",
-    "parse", "reward", "mode_id", "Problems", "candidates", "make_splits", "summary",
+    "parse", "reward", "graded_reward", "mode_id", "Problems", "candidates", "make_splits", "summary",
     "encode_prompts", "encode_completions", "completion_text", "host_rewards", "host_mode_ids",
-    "verify", "device_verify", "device_mode_ids", "device_cluster_ids", "mode_metrics",
+    "verify", "device_verify", "device_graded_reward", "GRADED_CREDIT", "device_mode_ids", "device_cluster_ids", "mode_metrics",
 ]
 
 # the arithmetic task's symbols keep their ids (PAD 0, digits 1..10, + - = 11..13, EOS 14)
@@ -313,6 +313,26 @@ def reward(text, numbers, target) -> float:
     return float(v is not None and v == int(target))
 
 
+def graded_reward(text, numbers, target) -> float:
+    """The graded reward on the host: 1.0 where :func:`reward` is 1; for an expression that uses
+    each number exactly once and misses, ``GRADED_CREDIT * max(0, 1 - |value - target| / target)``
+    (float32 on device: equal to :func:`device_graded_reward` to rounding); else 0.0.
+
+    >>> graded_reward("(12-7)*5", (5, 7, 12), 25), graded_reward("12+7+5", (5, 7, 12), 25)
+    (1.0, 0.48)
+    """
+    tree = parse(text)
+    if tree is None or sorted(_leaves(tree)) != sorted(int(x) for x in numbers):
+        return 0.0
+    v = evaluate(tree)
+    if v is None:
+        return 0.0
+    if v == int(target):
+        return 1.0
+    t = max(int(target), 1)
+    return GRADED_CREDIT * max(0.0, 1.0 - float(abs(v - t)) / t)
+
+
 def mode_id(text, numbers, target) -> int:
     """Index of the canonical form of a correct ``text`` in ``solutions(numbers, target)``; -1
     where :func:`reward` is 0."""
@@ -571,6 +591,26 @@ def _step(st: dict, tok, numbers):
     return _sel(active, new, st)
 
 
+def _parse(tokens: jax.Array, numbers: jax.Array) -> tuple:
+    """``(ok, p, q, code, n)`` of one completion: ``ok`` it parses and uses the problem's numbers
+    exactly (no division by 0, ``q != 0``), its value ``p / q``, its tree code and its number count."""
+    levels = MAX_DEPTH + 1
+    z4 = jnp.zeros((levels, 4), jnp.int32)
+    zb = jnp.zeros((levels,), bool)
+    zi = jnp.zeros((levels,), jnp.int32)
+    f, t = jnp.bool_(False), jnp.bool_(True)
+    st = {"S": z4, "T": z4, "hasS": zb, "hasT": zb, "addop": zi, "mulop": zi, "depth": jnp.int32(0),
+          "expect": t, "in_lit": f, "lit": jnp.int32(0), "lit_len": jnp.int32(0), "lit_zero": f,
+          "used": jnp.zeros((3,), jnp.int32), "bad_number": f, "div0": f, "err": f, "done": f,
+          "result": jnp.zeros((4,), jnp.int32)}
+    required = jnp.sum(numbers[:, None] == numbers[None, :], axis=1).astype(jnp.int32)
+    st, _ = jax.lax.scan(lambda s, x: (_step(s, x, numbers), None), st, tokens)
+    parsed = st["done"] & ~st["err"]
+    p, q, code, n = st["result"][0], st["result"][1], st["result"][2], st["result"][3]
+    ok = parsed & ~st["bad_number"] & ~st["div0"] & jnp.all(st["used"] == required) & (q != 0)
+    return ok, p, q, jnp.where(parsed & (n <= 3), code, -1).astype(jnp.int32)
+
+
 def verify(tokens: jax.Array, numbers: jax.Array, target: jax.Array) -> tuple:
     """Verify one completion on device (unbatched; ``jax.vmap`` it).
 
@@ -588,23 +628,37 @@ def verify(tokens: jax.Array, numbers: jax.Array, target: jax.Array) -> tuple:
     if tokens.ndim != 1 or numbers.shape != (3,) or jnp.ndim(target) != 0:
         raise ValueError(f"verify takes tokens i32[L], numbers i32[3] and a scalar target, got shapes "
                          f"{tokens.shape}, {numbers.shape}, {jnp.shape(target)} (vmap it for a batch)")
-    levels = MAX_DEPTH + 1
-    z4 = jnp.zeros((levels, 4), jnp.int32)
-    zb = jnp.zeros((levels,), bool)
-    zi = jnp.zeros((levels,), jnp.int32)
-    f, t = jnp.bool_(False), jnp.bool_(True)
-    st = {"S": z4, "T": z4, "hasS": zb, "hasT": zb, "addop": zi, "mulop": zi, "depth": jnp.int32(0),
-          "expect": t, "in_lit": f, "lit": jnp.int32(0), "lit_len": jnp.int32(0), "lit_zero": f,
-          "used": jnp.zeros((3,), jnp.int32), "bad_number": f, "div0": f, "err": f, "done": f,
-          "result": jnp.zeros((4,), jnp.int32)}
-    required = jnp.sum(numbers[:, None] == numbers[None, :], axis=1).astype(jnp.int32)
-    st, _ = jax.lax.scan(lambda s, x: (_step(s, x, numbers), None), st, tokens)
-    parsed = st["done"] & ~st["err"]
-    p, q, code, n = st["result"][0], st["result"][1], st["result"][2], st["result"][3]
-    t32 = jnp.asarray(target, jnp.int32)
-    correct = (parsed & ~st["bad_number"] & ~st["div0"] & jnp.all(st["used"] == required)
-               & (q != 0) & (p == t32 * q))
-    return correct, jnp.where(parsed & (n <= 3), code, -1).astype(jnp.int32)
+    ok, p, q, code = _parse(tokens, numbers)
+    return ok & (p == jnp.asarray(target, jnp.int32) * q), code
+
+
+#: the graded reward's credit for a well-formed answer that misses: GRADED_CREDIT x (1 - relative miss)
+GRADED_CREDIT = 0.5
+
+
+def device_graded_reward(tokens: jax.Array, numbers: jax.Array, targets: jax.Array) -> jax.Array:
+    """The graded reward of a batch of groups: 1 for a correct answer; for a well-formed one
+    (parses, uses each number exactly once, no division by zero) that misses,
+    ``GRADED_CREDIT * max(0, 1 - |value - target| / target)``; 0 otherwise.
+
+    Args:
+      tokens: i32[P, G, L]; numbers: i32[P, 3]; targets: i32[P] (>= 1).
+
+    Returns:
+      f32[P, G], in [0, 1]; equal to 1 exactly where :func:`device_verify` rewards 1.
+    """
+    def one(tok, num, t):
+        ok, p, q, _ = _parse(tok, num)
+        t = jnp.asarray(t, jnp.int32)
+        exact = ok & (p == t * q)
+        tf = jnp.maximum(t.astype(jnp.float32), 1.0)
+        miss = jnp.abs(p.astype(jnp.float32) / jnp.where(q == 0, 1, q).astype(jnp.float32) - tf) / tf
+        part = GRADED_CREDIT * jnp.clip(1.0 - miss, 0.0, 1.0)
+        return jnp.where(exact, 1.0, jnp.where(ok, jnp.minimum(part, GRADED_CREDIT), 0.0))
+
+    return jax.vmap(jax.vmap(one, in_axes=(0, None, None)))(jnp.asarray(tokens, jnp.int32),
+                                                             jnp.asarray(numbers, jnp.int32),
+                                                             jnp.asarray(targets, jnp.int32))
 
 
 def device_verify(tokens: jax.Array, numbers: jax.Array, targets: jax.Array) -> tuple:

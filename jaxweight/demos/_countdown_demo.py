@@ -19,7 +19,7 @@ prompt-clustered errors) and the same regression clustered by prompt and run are
 
 Default: Dr.GRPO, xDr.GRPO tau = 0.05 and its class-mean control (xDr.GRPO's weights averaged
 within each reward class: the same update magnitude without the concentration), 3 training x 3
-evaluation seeds; the study runs ``--train-seeds 32``. ``--sweep``: every arm of :data:`ARMS`
+evaluation seeds; the study runs ``--train-seeds 32``. ``--sweep``: the arms of ``_args.COUNTDOWN_SWEEP_ARMS``
 (xDr.GRPO at every tau of :data:`SWEEP_TAUS`, SEED-Dr.GRPO, a token-entropy bonus, the
 control). Outputs under ``--out`` (default ``jaxweight-out/lm-countdown/``): ``results.json``,
 ``metrics.jsonl`` (every run's training diagnostics per step, the evaluation at the end) and
@@ -29,6 +29,7 @@ control). Outputs under ``--out`` (default ``jaxweight-out/lm-countdown/``): ``r
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ from .._install import install_hint
 from . import _args, _common
 from . import _countdown as C
 from . import _countdown_stats as ST
-from ._countdown_pipeline import (ARM_SETTINGS, ARMS, METRICS, QUICK, SWEEP_TAUS, CountdownConfig,
+from ._countdown_pipeline import (ARM_SETTINGS, METRICS, QUICK, SWEEP_TAUS, CountdownConfig,
                                   make_pipeline, make_task, warm_start)
 
 __all__ = ["run", "main", "plot", "summary_table", "runs_table", "primary_table", "goals", "COMPARISONS"]
@@ -57,8 +58,38 @@ def _means(out: dict) -> dict:
     return {k: float(np.mean(out[k])) for k in METRICS}
 
 
+def _warm_start_key(cfg: CountdownConfig, seed: int) -> dict:
+    """What a warm start depends on (a kept warm start is used only where all of it is equal)."""
+    return {"seed": seed, "jax": jax.__version__, **{k: getattr(cfg, k) for k in (
+        "pool", "n_train", "n_eval", "split_seed", "sft_steps", "sft_batch", "sft_lr", "d_model", "n_layers", "n_heads",
+        "d_ff", "train_seeds")}}
+
+
+def _warm_start(cfg, task, k_sft, seed, path):
+    """``(params [S, ...], final losses f32[S])``: from ``path`` where it holds this warm start, else
+    trained (and kept at ``path`` when given)."""
+    from .. import checkpoint
+
+    key = _warm_start_key(cfg, seed)
+    keys = jax.random.split(k_sft, cfg.train_seeds)
+    if path is not None and Path(path).exists():
+        try:
+            if checkpoint.load_metadata(path).get("warm_start") == key:
+                target = jax.eval_shape(lambda k: warm_start(cfg, task, k), keys)
+                loss = jax.ShapeDtypeStruct(target[1].shape[:1], target[1].dtype)
+                tree = checkpoint.load(path, {"params": target[0], "loss": loss})
+                return tree["params"], np.asarray(tree["loss"])
+        except checkpoint.CheckpointError:
+            pass                                   # unreadable: trained again and rewritten
+    ref, losses = warm_start(cfg, task, keys)
+    ref = jax.block_until_ready(ref)
+    if path is not None:
+        checkpoint.save(path, {"params": ref, "loss": losses[:, -1]}, metadata={"warm_start": key})
+    return ref, np.asarray(losses[:, -1])
+
+
 def run(cfg: CountdownConfig | None = None, *, quick: bool = False, seed: int = 0, out: str | Path | None = None,
-        writer: Any = None, progress: Any = None) -> dict:
+        writer: Any = None, progress: Any = None, warm_start_file: str | Path | None = None) -> dict:
     """Warm start, train every arm x training seed, evaluate; returns the results dict (``results.json``).
 
     Args:
@@ -68,6 +99,8 @@ def run(cfg: CountdownConfig | None = None, *, quick: bool = False, seed: int = 
       out: if given, ``results.json`` is written there.
       writer: a metrics writer (``write(step, flat_dict)``).
       progress: callable ``progress(str)`` for one line per chunk.
+      warm_start_file: if given, the warm start is read from it where it holds this one (same
+        settings, seed and jax), else trained and written there (runs that share it: a study's parts).
     """
     cfg = cfg or (QUICK if quick else CountdownConfig())
     t_wall = time.perf_counter()
@@ -77,8 +110,7 @@ def run(cfg: CountdownConfig | None = None, *, quick: bool = False, seed: int = 
     k_sft, k_rl, k_eval = jax.random.split(jax.random.key(seed), 3)
     names = [f"{a}/s{s}" for a in cfg.arms for s in range(cfg.train_seeds)]
     with timer.section("warm_start"):
-        ref, sft_losses = warm_start(cfg, task, jax.random.split(k_sft, cfg.train_seeds))
-        jax.block_until_ready(ref)
+        ref, sft_loss = _warm_start(cfg, task, k_sft, seed, warm_start_file)
     with timer.section("eval"):
         # the warm-start model of each training seed, once (not tiled to the runs: with 3 arms that
         # tripled this evaluation, which costs more than compiling it for [S] models)
@@ -115,7 +147,7 @@ def run(cfg: CountdownConfig | None = None, *, quick: bool = False, seed: int = 
     if writer is not None:
         writer.write(cfg.steps, {f"{nm}/eval/{k}": float(np.mean(final[k][r])) for k in METRICS
                                  for r, nm in enumerate(names)})
-    res = _results(cfg, task, base, final, history, timer, np.asarray(sft_losses[:, -1]))
+    res = _results(cfg, task, base, final, history, timer, sft_loss)
     res["wall_seconds"] = time.perf_counter() - t_wall
     for arm in res["arms"].values():  # every arm ran in the one program: each arm's wall is the program's
         arm["wall_seconds"] = res["wall_seconds"]
@@ -155,13 +187,15 @@ def _results(cfg, task, base, final, history, timer, sft_loss) -> dict:
     stats = _stats_available()
     arms = {}
     for i, a in enumerate(cfg.arms):
-        xdr, tau, seed_on, ent_on, classmean = ARM_SETTINGS[a]
+        st = ARM_SETTINGS[a]
         r = {k: ST.summarise(per_arm[k][i]) for k in METRICS}
         arm = {k: v["mean"] for k, v in r.items()}
         arm["per_seed"] = {k: v["per_seed"] for k, v in r.items()}
         arm["per_seed_pair"] = {k: v["per_seed_pair"] for k, v in r.items()}
-        arm["settings"] = {"xdr": xdr, "tau": tau if xdr else None, "seed_grpo": seed_on,
-                           "entropy_coef": cfg.entropy_coef if ent_on else 0.0, "class_mean": classmean}
+        arm["settings"] = {"xdr": st.xdr, "tau": st.tau if st.xdr else None, "seed_grpo": st.seed,
+                           "entropy_coef": cfg.entropy_coef if st.entropy else 0.0, "class_mean": st.classmean,
+                           "positive_class": st.positive, "maxent_step": st.maxent, "lr_scale": st.lr_scale,
+                           "graded_reward": st.graded}
         arm["effect_vs_drgrpo"] = arm["effect_vs_drgrpo_across_runs"] = arm["effect_vs_drgrpo_run_clustered"] = None
         if a != "drgrpo" and "drgrpo" in cfg.arms and stats:
             b = cfg.arms.index("drgrpo")
@@ -319,6 +353,10 @@ def plot(plt, res: dict):
     pos = {**{f"xdr_tau{t:g}": i for i, t in enumerate(SWEEP_TAUS)}, "drgrpo": len(SWEEP_TAUS),
            "seed_drgrpo": len(SWEEP_TAUS) + 1, "entropy_bonus": len(SWEEP_TAUS) + 2,
            "xdr_classmean_tau0.05": len(SWEEP_TAUS) + 3}
+    for name in arms:  # the other arms after these, in their order
+        if name not in pos:
+            pos[name] = len(labels)
+            labels.append(name.replace("_", "\n", 1))
     base = arms.get("drgrpo")
     for j, k in enumerate(("coverage_at_8", "pass_at_8", "mean_at_8")):
         a_ = ax[0, j]
@@ -377,6 +415,27 @@ def plot(plt, res: dict):
     return fig
 
 
+def _study(a, cfg, out: Path, log) -> int:
+    from . import _countdown_study as S
+
+    ref = Path(a.reference or S.REFERENCE)
+    if not ref.exists():
+        print(f"demo lm --task countdown --study: the recorded study {ref} is not there: run from the repository "
+              "root or pass --reference FILE", file=sys.stderr)
+        return 2
+    study = S.run_study(cfg, seed=a.seed, out=out, reference=ref, run=run, log=log)
+    an = study["analysis"]
+    print(f"demo lm --task countdown --study: parts {an['finished_parts']} of {an['planned_parts']} finished; "
+          f"pairing checks {an['pairing_checks']}")
+    for name, c in an["comparisons"].items():
+        print(f"  {name} ({c['role']}): pass@8 {_fmt_primary(c['pass_at_8'])}; coverage@8 "
+              f"{_fmt_primary(c['coverage_at_8'])}; mean@8 {_fmt_primary(c['mean_at_8'])}")
+    for q, v in an["answers"].items():
+        print(f"  {q}: {v}")
+    print(f"wrote {out / 'study.json'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = _args.parser("lm-countdown")
     a = _args.parse("lm-countdown", argv)  # bad values: one line, exit 2
@@ -386,12 +445,14 @@ def main(argv: list[str] | None = None) -> int:
             "generations": a.generations, "lr": a.lr, "sft_steps": a.sft_steps, "entropy_coef": a.entropy_coef}
     over = {k: v for k, v in over.items() if v is not None}
     if a.sweep:
-        over["arms"] = ARMS
+        over["arms"] = _args.COUNTDOWN_SWEEP_ARMS
     if a.arms is not None:
         over["arms"] = tuple(a.arms)
     cfg = _common.replace_config(p, cfg, over)
     out = _common.out_dir(a)
     log = _common.line_logger(a)
+    if a.study:
+        return _study(a, cfg, out, log)
     with _common.metrics_writer(a) as w:
         res = run(cfg, seed=a.seed, out=out, writer=w, progress=log)
     res.pop("_state", None)

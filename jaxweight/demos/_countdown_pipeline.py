@@ -18,9 +18,23 @@ set by the arm's array leaves (:class:`ArmParams`), so arms and seeds share one 
   group's correct and on its wrong completions as xDr.GRPO's, so the same update magnitude, but
   spread uniformly over each class instead of concentrated on some of its members (identical to
   xDr.GRPO in a group with one correct completion).
+* ``positive_class``: :func:`jaxweight.maxent.positive_class_weights` of the rewards: each group's
+  weight shared equally by its correct completions, none on the wrong ones; with Dr.GRPO's
+  advantages each correct completion of a group with ``k`` of ``G`` correct trains with
+  ``(G - k) / k`` and each wrong one with 0 (the class-level mechanism written directly);
+* ``maxent_step``: the seed's MaxEnt-GRPO weights from :func:`jaxweight.maxent.step` (listwise
+  ``q = softmax(r)``, ``w ~ q^(1/tau)`` over each informative group, no reference term: there is no
+  reference model here) with its tau controller on (the LM demo's settings: tau0 0.5, target weight
+  entropy 0.75 ln G, rate 0.5, tau in [0.02, 5]); the signal is ``G w - 1`` in place of the
+  advantage (the LM demo's ``full`` arm), one controller state per run;
+* ``drgrpo_lr2x`` / ``drgrpo_lr4x``: Dr.GRPO with Adam's step times 2 or 4 (the learning rate
+  2x and 4x: Adam's update is linear in it);
+* ``*_graded``: the graded reward (:func:`._countdown.device_graded_reward`: 1 correct, up to
+  ``GRADED_CREDIT`` for a well-formed answer by its distance to the target) in place of
+  correctness; a program runs graded arms only or binary arms only.
 
-The reward is correctness only (:func:`._countdown.device_verify`); mode ids are computed for
-the diagnostics and the evaluation, never rewarded.
+The reward is correctness (:func:`._countdown.device_verify`) unless the arms are graded; mode
+ids, pass@G and the incorrect-mass diagnostics always use correctness; mode ids are never rewarded.
 """
 
 from __future__ import annotations
@@ -45,7 +59,7 @@ from ._args import COUNTDOWN_DEFAULT_ARMS as DEFAULT_ARMS
 from ._args import COUNTDOWN_SWEEP_TAUS as SWEEP_TAUS
 from ._lm_pipeline import sft_program
 
-__all__ = ["ARM_SETTINGS", "ARMS", "DEFAULT_ARMS", "CONTROL_ARMS", "SWEEP_TAUS", "class_mean_weights", "METRICS", "CountdownConfig", "QUICK",
+__all__ = ["ARM_SETTINGS", "ARMS", "DEFAULT_ARMS", "CONTROL_ARMS", "SWEEP_TAUS", "class_mean_weights", "maxent_config", "METRICS", "CountdownConfig", "QUICK",
            "ArmParams", "arm_params", "CountdownTask", "make_task", "warm_start", "eval_metrics", "Pipeline",
            "make_pipeline"]
 
@@ -108,12 +122,20 @@ class CountdownConfig:
         bad = [a for a in self.arms if a not in ARMS]
         if bad or not self.arms or len(set(self.arms)) != len(self.arms):
             raise ValueError(f"arms must be distinct names from {list(ARMS)}, got {list(self.arms)}")
+        if len({ARM_SETTINGS[a].graded for a in self.arms}) > 1:
+            raise ValueError(f"arms must be all graded-reward arms or none (one reward per program), got "
+                             f"{list(self.arms)}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model must be a multiple of n_heads, got {self.d_model} and {self.n_heads}")
 
     @property
     def runs(self) -> int:
         return len(self.arms) * self.train_seeds
+
+    @property
+    def graded(self) -> bool:
+        """Whether the arms train on the graded reward (all or none of them do)."""
+        return ARM_SETTINGS[self.arms[0]].graded
 
 
 QUICK = CountdownConfig(n_train=48, n_eval=16, sft_steps=20, sft_batch=32, d_model=32, n_layers=1, n_heads=2,
@@ -129,6 +151,9 @@ class ArmParams:
       xdr: bool[] xDr.GRPO aggregation weights on; tau: f32[] their temperature.
       seed: bool[] SEED-GRPO advantage scale on; entropy_coef: f32[] token-entropy bonus (0: off).
       classmean: bool[] the xDr weights averaged within each reward class (the class-mean control).
+      positive: bool[] :func:`jaxweight.maxent.positive_class_weights` of the rewards.
+      maxent: bool[] the MaxEnt-GRPO signal ``G w - 1`` of :func:`jaxweight.maxent.step`.
+      lr_scale: f32[] Adam's step times this.
     """
 
     xdr: jax.Array
@@ -136,15 +161,26 @@ class ArmParams:
     seed: jax.Array
     entropy_coef: jax.Array
     classmean: jax.Array
+    positive: jax.Array
+    maxent: jax.Array
+    lr_scale: jax.Array
 
 
 def arm_params(cfg: CountdownConfig) -> ArmParams:
     """The runs' settings, run ``r = arm_index * train_seeds + seed``: leaves of shape [R]."""
-    s = np.array([ARM_SETTINGS[a] for a in cfg.arms for _ in range(cfg.train_seeds)], dtype=object)
-    return ArmParams(xdr=jnp.asarray(s[:, 0].astype(bool)), tau=jnp.asarray(s[:, 1].astype(np.float32)),
-                     seed=jnp.asarray(s[:, 2].astype(bool)),
-                     entropy_coef=jnp.asarray(np.where(s[:, 3].astype(bool), cfg.entropy_coef, 0.0), jnp.float32),
-                     classmean=jnp.asarray(s[:, 4].astype(bool)))
+    s = [ARM_SETTINGS[a] for a in cfg.arms for _ in range(cfg.train_seeds)]
+    col = lambda f, dt: jnp.asarray(np.array([getattr(x, f) for x in s]), dt)  # noqa: E731
+    return ArmParams(xdr=col("xdr", bool), tau=col("tau", jnp.float32), seed=col("seed", bool),
+                     entropy_coef=jnp.asarray(np.where([x.entropy for x in s], cfg.entropy_coef, 0.0), jnp.float32),
+                     classmean=col("classmean", bool), positive=col("positive", bool), maxent=col("maxent", bool),
+                     lr_scale=col("lr_scale", jnp.float32))
+
+
+def maxent_config(g: int) -> M.MaxEntConfig:
+    """The ``maxent_step`` arm's weighting and tau controller (the LM demo's settings, no reference term)."""
+    return M.config(tau=0.5, beta=0.0, q_temperature=1.0, normalize_by_tokens=False, include_reference_term=False,
+                    schedule=M.TauSchedule(target_entropy=0.75 * float(np.log(g)), learning_rate=0.5,
+                                           minimum_value=0.02, maximum_value=5.0, warmup_steps=0))
 
 
 def class_mean_weights(weights: jax.Array, reward: jax.Array) -> jax.Array:
@@ -232,6 +268,7 @@ class RunState:
     params: Any
     opt: Any
     key: jax.Array
+    ctl: Any          # the maxent_step arm's controller state (carried, unused, by every other arm)
 
 
 @dataclasses.dataclass
@@ -300,9 +337,10 @@ def _functions(cfg: CountdownConfig):
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(cfg.lr))
     temp = jnp.float32(cfg.temperature)
     seed_of = np.tile(np.arange(cfg.train_seeds), len(cfg.arms))
+    mcfg = maxent_config(g)
 
     def init(params, key) -> RunState:
-        return jax.vmap(lambda p, k: RunState(params=p, opt=opt.init(p), key=k))(
+        return jax.vmap(lambda p, k: RunState(params=p, opt=opt.init(p), key=k, ctl=M.init(mcfg)))(
             params, jax.random.split(key, cfg.train_seeds)[seed_of])
 
     def step_one(rs: RunState, arm: ArmParams, data):
@@ -311,17 +349,25 @@ def _functions(cfg: CountdownConfig):
         prompts = jnp.repeat(data["prompts"][ids], g, axis=0)                      # [B*G, Lp]
         s = sample(model, rs.params, prompts, k_s, L, temp)
         tokens = s.tokens.reshape(b, g, L)
-        reward, code = C.device_verify(tokens, data["numbers"][ids], data["target"][ids])   # [B, G]
+        correct, code = C.device_verify(tokens, data["numbers"][ids], data["target"][ids])   # [B, G]
+        reward = (C.device_graded_reward(tokens, data["numbers"][ids], data["target"][ids]) if cfg.graded
+                  else correct)
         ntok = jnp.sum(s.mask, -1).reshape(b, g).astype(jnp.float32)
         adv = reward - jnp.mean(reward, -1, keepdims=True)                          # Dr.GRPO: no std
         utility = adv * ntok / L                                                    # U = A T / T_max
         w_x = M.candidate_weights(utility, tau=arm.tau)
         w_x = jnp.where(arm.classmean, class_mean_weights(w_x, reward), w_x)
-        w = jnp.where(arm.xdr, w_x, 1.0)                                            # uniform = Dr.GRPO
+        w = jnp.where(arm.positive, M.positive_class_weights(reward), jnp.where(arm.xdr, w_x, 1.0))  # 1: Dr.GRPO
         seq_lp = jnp.sum(s.logp, -1).reshape(b, g)
         cluster = C.device_cluster_ids(code)
         scale = jnp.where(arm.seed, M.seed_grpo_scale(M.semantic_entropy(cluster, seq_lp), cfg.seed_alpha, g), 1.0)
-        signal = (adv * scale[:, None]).reshape(b * g)
+        informative = jnp.max(reward, -1) > jnp.min(reward, -1)
+        gmask = jnp.broadcast_to(informative[:, None], (b, g))
+        # MaxEnt-GRPO (maxent_step): the weights over informative groups, centred (G w - 1), in place of A
+        ctl, mx = M.step(rs.ctl, reward, jnp.zeros_like(reward), mcfg, mask=gmask)
+        ctl = jax.tree.map(lambda new, old: jnp.where(arm.maxent, new, old), ctl, rs.ctl)
+        centred = jnp.where(gmask, g * mx.weights - 1.0, 0.0)
+        signal = (jnp.where(arm.maxent, centred, adv) * scale[:, None]).reshape(b * g)
 
         def loss_fn(p):
             lp, ent = sequence_logp_entropy(model, p, prompts, s.tokens, temp)
@@ -334,20 +380,19 @@ def _functions(cfg: CountdownConfig):
 
         (loss, lm), grads = jax.value_and_grad(loss_fn, has_aux=True)(rs.params)
         upd, opt_state = opt.update(grads, rs.opt, rs.params)
+        upd = jax.tree.map(lambda u: u * arm.lr_scale, upd)                         # x1.0 is exact
         params = optax.apply_updates(rs.params, upd)
-        informative = jnp.max(reward, -1) > jnp.min(reward, -1)
-        diag = M.aggregation_diagnostics(jnp.broadcast_to(w, (b, g)), reward,
-                                         mask=jnp.broadcast_to(informative[:, None], (b, g)))
-        modes = C.device_mode_ids(reward, code, data["mode_codes"][ids])
+        diag = M.aggregation_diagnostics(jnp.broadcast_to(w, (b, g)), correct, mask=gmask)
+        modes = C.device_mode_ids(correct, code, data["mode_codes"][ids])
         distinct, coverage = C.mode_metrics(modes, data["n_modes"][ids])
-        m = {"reward": jnp.mean(reward), "pass_at_G": jnp.mean(jnp.max(reward, -1)),
+        m = {"reward": jnp.mean(reward), "correct": jnp.mean(correct), "pass_at_G": jnp.mean(jnp.max(correct, -1)),
              "distinct_at_G": jnp.mean(distinct), "coverage_at_G": jnp.mean(coverage),
              "effective_candidates": diag.mean_effective_candidates, "incorrect_mass": diag.mean_incorrect_mass,
              "informative_groups": jnp.mean(informative.astype(jnp.float32)), "token_entropy": lm["policy/entropy"],
              "completion_tokens": jnp.mean(ntok), "loss": loss, "pg_loss": lm["policy/pg_loss"],
-             "seed_scale": jnp.mean(scale),
+             "seed_scale": jnp.mean(scale), "maxent_tau": rs.ctl.tau, "maxent_weight_entropy": mx.entropy.mean,
              "grad_norm": jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(grads)))}
-        return RunState(params=params, opt=opt_state, key=k_next), m
+        return RunState(params=params, opt=opt_state, key=k_next, ctl=ctl), m
 
     def chunk(state, arms, data, n):
         step = jax.vmap(step_one, in_axes=(0, 0, None))

@@ -52,7 +52,7 @@ from .pipeline import MaxEntStepOutput, RewardStatistics, compute_reward_statist
 from .seed import seed_grpo_scale, semantic_entropy
 from .loss import NORMALIZATIONS, k3_kl, policy_loss
 from .dynamic import GroupSelection, select_groups
-from .aggregation import AggregationDiagnostics, aggregation_diagnostics, candidate_weights
+from .aggregation import AggregationDiagnostics, aggregation_diagnostics, candidate_weights, positive_class_weights
 from .weights import (
     WeightEntropy,
     effective_sample_size,
@@ -111,6 +111,7 @@ __all__ = [
     "policy_loss",
     "k3_kl",
     "candidate_weights",
+    "positive_class_weights",
     "AggregationDiagnostics",
     "aggregation_diagnostics",
     "GroupSelection",

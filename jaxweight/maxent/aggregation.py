@@ -11,7 +11,7 @@ from .._util import check_value
 from ._common import W_FLOOR, Array, mask_of, matrix, other, row_sums
 from .weights import tilted_softmax
 
-__all__ = ["candidate_weights", "AggregationDiagnostics", "aggregation_diagnostics"]
+__all__ = ["candidate_weights", "positive_class_weights", "AggregationDiagnostics", "aggregation_diagnostics"]
 
 
 def candidate_weights(
@@ -94,6 +94,35 @@ def candidate_weights(
     d = tau + lam
     hard = d <= 0
     return tilted_softmax(jnp.where(valid, u, 0.0), ref, None, valid, lam, jnp.where(hard, 1.0, d), hard)[0]
+
+
+def positive_class_weights(rewards: Any, mask: Any = None) -> Array:
+    """Class-level aggregation: uniform weights over each group's best-rewarded candidates, 0 on the rest.
+
+    The class-level limit of xDr.GRPO with a binary reward: all of a group's weight on its correct
+    completions, shared equally, none on the wrong ones. With Dr.GRPO advantages
+    ``A = r - mean(r)`` and :func:`policy_loss`'s scaling ``n w_i / sum w``, a group with ``k`` of
+    ``G`` correct trains each correct completion with the signal ``(G / k) (1 - k / G) = (G - k) / k``
+    and each wrong one with 0 (positive-only updates). A group whose rewards are all equal gets
+    uniform weights (its advantages are 0). It is :func:`candidate_weights` of the rewards at
+    ``tau = 0`` (exact ties share), so the same validity rules hold.
+
+    Args:
+      rewards: f32[P, G] per-candidate rewards (the class is the reward value).
+      mask: bool[P, G] or None; non-finite rewards count as masked.
+
+    Returns:
+      f32[P, G]; each row with a valid entry sums to 1 over its valid entries.
+
+    Example::
+
+        import jax.numpy as jnp
+        from jaxweight import maxent
+
+        w = maxent.positive_class_weights(jnp.array([[1., 0., 0., 1.]]))
+        assert w.tolist() == [[0.5, 0.0, 0.0, 0.5]]
+    """
+    return candidate_weights(rewards, mask, tau=0.0)
 
 
 @flax.struct.dataclass

@@ -4,4 +4,4 @@ nothing may skip: ``pytest_step stats tests/demos/test_countdown_stats.py`` in .
 
 import importlib.util
 
-collect_ignore = [] if importlib.util.find_spec("statsmodels") is not None else ["test_countdown_stats.py", "test_lm_study.py"]
+collect_ignore = [] if importlib.util.find_spec("statsmodels") is not None else ["test_countdown_stats.py", "test_lm_study.py", "test_countdown_study.py"]

@@ -42,15 +42,52 @@ def _close(a, b):
 
 @pytest.mark.fast
 def test_arms_are_array_leaves_of_one_program():
-    a = P.arm_params(dataclasses.replace(TINY, arms=P.ARMS, train_seeds=2))
-    assert a.tau.shape == a.xdr.shape == (2 * len(P.ARMS),)
-    names = np.repeat(P.ARMS, 2)
+    binary = tuple(n for n in P.ARMS if not P.ARM_SETTINGS[n].graded)
+    a = P.arm_params(dataclasses.replace(TINY, arms=binary, train_seeds=2))
+    assert a.tau.shape == a.xdr.shape == (2 * len(binary),)
+    names = np.repeat(binary, 2)
     np.testing.assert_array_equal(np.asarray(a.xdr), [n.startswith("xdr") for n in names])
     np.testing.assert_allclose(np.asarray(a.tau)[names == "xdr_tau0.05"], 0.05)
     np.testing.assert_array_equal(np.asarray(a.seed), names == "seed_drgrpo")
     np.testing.assert_allclose(np.asarray(a.entropy_coef), np.where(names == "entropy_bonus", TINY.entropy_coef, 0))
+    np.testing.assert_array_equal(np.asarray(a.positive), names == "positive_class")
+    np.testing.assert_array_equal(np.asarray(a.maxent), names == "maxent_step")
+    np.testing.assert_allclose(np.asarray(a.lr_scale), np.select([names == "drgrpo_lr2x", names == "drgrpo_lr4x"],
+                                                                 [2.0, 4.0], 1.0))
     with pytest.raises(ValueError, match="arms"):
         dataclasses.replace(TINY, arms=("drgrpo", "nope"))
+    with pytest.raises(ValueError, match="graded"):
+        dataclasses.replace(TINY, arms=("drgrpo", "drgrpo_graded"))
+    assert dataclasses.replace(TINY, arms=("drgrpo_graded", "xdr_tau0.05_graded")).graded and not TINY.graded
+
+
+@pytest.mark.fast
+def test_positive_class_weights_train_each_correct_completion_with_g_minus_k_over_k():
+    from jaxweight import maxent as M
+
+    r = jnp.asarray([[1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0], [1.0] * 7 + [0.0], [0.0] * 8])
+    w = M.positive_class_weights(r)
+    np.testing.assert_array_equal(np.asarray(w), np.asarray(M.candidate_weights(r, tau=0.0)))
+    # the loss's aggregation multipliers n w / sum w times Dr.GRPO's advantage r - mean(r)
+    k = np.asarray(r).sum(-1, keepdims=True)
+    mult = np.where(np.asarray(w) > 0, 8 * np.asarray(w), 0.0)
+    signal = mult * (np.asarray(r) - k / 8)
+    np.testing.assert_allclose(signal[:2], np.where(np.asarray(r)[:2] > 0, (8 - k[:2]) / k[:2], 0.0), rtol=1e-6)
+    np.testing.assert_allclose(signal[2], 0.0)
+
+
+@pytest.mark.fast
+def test_graded_reward_on_device_equals_the_host_rule():
+    texts = ["(12-7)*5", "12+7+5", "12*7*5", "5+7", "12/(7-7)+5", "5*7-12", "((5", "12-7-5"]
+    nums, target = (5, 7, 12), 25
+    tok = jnp.asarray(C.encode_completions(texts))[None]
+    dev = np.asarray(C.device_graded_reward(tok, jnp.asarray([nums]), jnp.asarray([target])))[0]
+    host = np.asarray([C.graded_reward(t, nums, target) for t in texts])
+    np.testing.assert_allclose(dev, host, rtol=1e-6, atol=1e-7)
+    corr, _ = C.device_verify(tok, jnp.asarray([nums]), jnp.asarray([target]))
+    np.testing.assert_array_equal(dev == 1.0, np.asarray(corr)[0] == 1.0)
+    assert host.tolist()[:4] == [1.0, 0.48, 0.0, 0.0]      # 420 misses by more than the target; 5+7 leaves 12 out
+    assert 0 < host[5] <= C.GRADED_CREDIT and host[4] == 0.0
 
 
 @pytest.mark.fast

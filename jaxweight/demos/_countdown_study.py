@@ -1,0 +1,230 @@
+"""The Countdown arms study: ``demo lm --task countdown --study``, its parts and its pre-registered analysis.
+
+The 32-run study (``bench/results/demo-lm-countdown-32seeds-cpu-2core.json``: Dr.GRPO, xDr.GRPO
+tau = 0.05 and the class-mean control) left two questions. This study adds the arms that answer
+them, each at 32 training runs on the same split, warm starts and sampling keys (training seeds
+0-31 of ``--seed 0``), so that every new run pairs with the recorded runs of its training seed:
+
+- part 0: ``positive_class`` (the class-level mechanism written directly: each correct completion
+  of a group with ``k`` of 8 correct trains with ``(8 - k) / k``, the wrong ones with 0) and
+  ``maxent_step`` (the seed's own MaxEnt-GRPO sequence weights, its tau controller on);
+- part 1: ``drgrpo_lr2x`` and ``drgrpo_lr4x`` (Dr.GRPO with Adam's step 2x and 4x);
+- part 2: the graded reward (partial credit by distance to the target), 16 runs each of
+  ``drgrpo_graded``, ``xdr_tau0.05_graded`` and ``xdr_classmean_tau0.05_graded``, paired within
+  the part (its own warm starts: 16 training seeds).
+
+Each part is one vmapped :func:`._countdown_demo.run` under ``--out/part-p/``; a finished part
+(``results.json`` with ``finished``) is never run again, and parts of the same training-seed
+count share one warm start, computed once and kept in ``--out/warm-start-<S>.jwc``.
+
+The analysis below was fixed in code before any run of this study:
+
+- **pairing check**: a part of 32 runs pairs with the recorded study only if its warm-start
+  policy's per-seed evaluation equals the recorded one exactly (the same warm starts); a part that
+  fails the check is analysed against nothing recorded.
+- **per comparison** (:data:`COMPARISONS`), the primary analysis of the 32-run study: the paired
+  run-level difference of pass@8 and coverage@8 (mean, Student-t CI95, Wilcoxon p), mean@8 with
+  its TOST at +-3 points, take-off shares with Fisher's exact test.
+- **question 1**, "does any MaxEnt-specific term beat the class-level reweighting?": yes if
+  ``maxent_step - xdr_classmean_tau0.05`` or ``xdr_tau0.05 - positive_class`` has pass@8 and
+  coverage@8 CI95 both above 0; no if neither has either CI95 above 0 (else: mixed).
+- **question 2**, "does a larger Dr.GRPO step match the class-level reweighting?": yes if for a
+  scale (2x or 4x) ``xdr_classmean_tau0.05 - drgrpo_lrNx`` pass@8 CI95 contains 0 while
+  ``drgrpo_lrNx - drgrpo`` pass@8 CI95 lies above 0; no if for both scales the first CI95 lies
+  above 0; else unresolved.
+- **mechanism check**: ``positive_class - xdr_classmean_tau0.05`` is reported (the two differ
+  only by the class-mean arm's small weight on wrong completions and its tau-softened totals).
+- **graded reward**: ``xdr_tau0.05_graded - xdr_classmean_tau0.05_graded`` (primary of part 2)
+  and each against ``drgrpo_graded``, the same metrics; pass@8 and coverage@8 count correct
+  answers only.
+- nothing is tuned on the eval split; every part's ``results.json`` stays on record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import _countdown_stats as ST
+
+__all__ = ["PLAN", "REFERENCE", "REFERENCE_ARMS", "COMPARISONS", "METRICS", "plan", "pairing_check", "analyse",
+           "analyse_files", "run_study"]
+
+#: the recorded 32-run study the binary parts pair with (its arms, training seeds 0-31 of seed 0)
+REFERENCE = "bench/results/demo-lm-countdown-32seeds-cpu-2core.json"
+REFERENCE_ARMS = ("drgrpo", "xdr_tau0.05", "xdr_classmean_tau0.05")
+PLAN = ({"part": 0, "arms": ("positive_class", "maxent_step"), "train_seeds": 32, "pairs_with_reference": True},
+        {"part": 1, "arms": ("drgrpo_lr2x", "drgrpo_lr4x"), "train_seeds": 32, "pairs_with_reference": True},
+        {"part": 2, "arms": ("drgrpo_graded", "xdr_tau0.05_graded", "xdr_classmean_tau0.05_graded"),
+         "train_seeds": 16, "pairs_with_reference": False})
+METRICS = ("pass_at_8", "coverage_at_8", "mean_at_8")
+#: (treatment, reference, role)
+COMPARISONS = (("maxent_step", "xdr_classmean_tau0.05", "question 1"),
+               ("xdr_tau0.05", "positive_class", "question 1"),
+               ("maxent_step", "drgrpo", "secondary"),
+               ("positive_class", "drgrpo", "secondary"),
+               ("positive_class", "xdr_classmean_tau0.05", "mechanism check"),
+               ("xdr_classmean_tau0.05", "drgrpo_lr2x", "question 2"),
+               ("xdr_classmean_tau0.05", "drgrpo_lr4x", "question 2"),
+               ("drgrpo_lr2x", "drgrpo", "question 2"),
+               ("drgrpo_lr4x", "drgrpo", "question 2"),
+               ("xdr_tau0.05_graded", "xdr_classmean_tau0.05_graded", "graded"),
+               ("xdr_tau0.05_graded", "drgrpo_graded", "graded"),
+               ("xdr_classmean_tau0.05_graded", "drgrpo_graded", "graded"))
+
+
+def plan() -> list[dict]:
+    """The study's parts, in order (copies of :data:`PLAN` with lists for the arms)."""
+    return [{**p, "arms": list(p["arms"])} for p in PLAN]
+
+
+def pairing_check(part: dict, reference: dict) -> dict:
+    """Whether a part's warm starts are the reference study's: the warm-start policy's per-seed
+    metrics on both splits equal, exactly, and the same training-seed count and seed."""
+    b, r = part["warm_start"]["base_policy"], reference["warm_start"]["base_policy"]
+    same_cfg = (part["config"]["train_seeds"] == reference["config"]["train_seeds"]
+                and part.get("seed", 0) == reference.get("seed", 0)
+                and all(part["config"][k] == reference["config"][k] for k in
+                        ("pool", "split_seed", "sft_steps", "sft_batch", "sft_lr", "d_model", "n_layers", "n_heads",
+                         "d_ff", "steps", "prompts", "generations", "lr", "eval_seeds", "eval_samples")))
+    equal = same_cfg and all(b[sp]["per_seed"][k] == r[sp]["per_seed"][k] for sp in ("train", "eval")
+                             for k in b[sp]["per_seed"])
+    return {"same_settings": bool(same_cfg), "warm_starts_equal": bool(equal)}
+
+
+def _runs(results: list[dict], arm: str) -> tuple[dict | None, dict | None]:
+    """``(arm's results, its warm start's per-seed eval pass@8)`` from the first results that hold it."""
+    for res in results:
+        if arm in res["arms"]:
+            return res["arms"][arm], res["warm_start"]["base_policy"]["eval"]["per_seed"]["pass_at_8"]
+    return None, None
+
+
+def _compare(results: list[dict], t: str, r: str) -> dict | None:
+    a, wa = _runs(results, t)
+    b, _ = _runs(results, r)
+    if a is None or b is None:
+        return None
+    x = {k: np.asarray(a["per_seed"][k], np.float64)[:, None, None] for k in METRICS}
+    y = {k: np.asarray(b["per_seed"][k], np.float64)[:, None, None] for k in METRICS}
+    if x["pass_at_8"].shape != y["pass_at_8"].shape:
+        return None
+    out = {k: ST.paired_runs(x[k], y[k]) | {"arm_mean": float(x[k].mean()), "base_mean": float(y[k].mean())}
+           for k in METRICS}
+    out["mean_at_8"]["tost"] = ST.tost(x["mean_at_8"], y["mean_at_8"])
+    warm = np.asarray(wa, np.float64)
+    ta, tb = ST.takeoff(x["pass_at_8"], warm), ST.takeoff(y["pass_at_8"], warm)
+    out["takeoff"] = {t: ta["took_off"], r: tb["took_off"], "runs": ta["runs"], "fisher": ST.fisher(ta, tb)}
+    return out
+
+
+def _above(c: dict | None, k: str) -> bool:
+    return c is not None and c[k]["ci95"] is not None and c[k]["ci95"][0] > 0
+
+
+def _contains0(c: dict | None, k: str) -> bool:
+    return c is not None and c[k]["ci95"] is not None and c[k]["ci95"][0] <= 0 <= c[k]["ci95"][1]
+
+
+def analyse(parts: list[tuple[dict, dict]], reference: dict) -> dict:
+    """The pre-registered analysis over ``(plan entry, results.json)`` of the parts finished so far."""
+    fin = [(p, r) for p, r in parts if r.get("finished")]
+    checks = {p["part"]: pairing_check(r, reference) for p, r in fin if p["pairs_with_reference"]}
+    paired = [r for p, r in fin if p["pairs_with_reference"] and checks[p["part"]]["warm_starts_equal"]]
+    binary = paired + [reference] if paired else []
+    graded = [r for p, r in fin if not p["pairs_with_reference"]]
+    comps = {}
+    for t, r, role in COMPARISONS:
+        c = _compare(graded if role == "graded" else binary, t, r)
+        if c is not None:
+            comps[f"{t} - {r}"] = {"role": role, **c}
+    q1 = [comps.get("maxent_step - xdr_classmean_tau0.05"), comps.get("xdr_tau0.05 - positive_class")]
+    if all(c is not None for c in q1):
+        both = [_above(c, "pass_at_8") and _above(c, "coverage_at_8") for c in q1]
+        either = [_above(c, "pass_at_8") or _above(c, "coverage_at_8") for c in q1]
+        a1 = "yes" if any(both) else "no" if not any(either) else "mixed"
+    else:
+        a1 = None
+    q2 = [(comps.get(f"xdr_classmean_tau0.05 - drgrpo_lr{s}x"), comps.get(f"drgrpo_lr{s}x - drgrpo")) for s in (2, 4)]
+    if all(c is not None and d is not None for c, d in q2):
+        if any(_contains0(c, "pass_at_8") and _above(d, "pass_at_8") for c, d in q2):
+            a2 = "yes"
+        elif all(_above(c, "pass_at_8") for c, _ in q2):
+            a2 = "no"
+        else:
+            a2 = "unresolved"
+    else:
+        a2 = None
+    return {"finished_parts": [p["part"] for p, _ in fin], "planned_parts": len(PLAN), "pairing_checks": checks,
+            "comparisons": comps, "complete": len(fin) == len(PLAN),
+            "answers": {"question 1: a MaxEnt-specific term beats the class-level reweighting": a1,
+                        "question 2: a larger Dr.GRPO step matches the class-level reweighting": a2}}
+
+
+def analyse_files(files: list[str | Path], reference: str | Path = REFERENCE) -> dict:
+    """:func:`analyse` over part files on record (``files[p]`` is part ``p``'s results)::
+
+        python -m jaxweight.demos._countdown_study bench/results/countdown-study/part-0-cpu-2core.json
+    """
+    parts = plan()
+    if len(files) > len(parts):
+        raise ValueError(f"the plan has {len(parts)} parts, got {len(files)} files")
+    return analyse([(p, json.loads(Path(f).read_text())) for p, f in zip(parts, files)],
+                   json.loads(Path(reference).read_text()))
+
+
+def run_study(cfg, *, seed: int, out: Path, reference: str | Path, run, log) -> dict:
+    """Run (or continue) every part in order, then write ``--out/study.json``; returns it.
+
+    ``cfg`` is the study's base configuration (the demo's defaults); each part replaces its arms
+    and training seeds. ``run(cfg, seed=, out=, warm_start_file=, progress=)`` is
+    :func:`._countdown_demo.run`.
+    """
+    from . import _common
+
+    ref = json.loads(Path(reference).read_text())
+    t0 = time.perf_counter()
+    done = []
+    for p in plan():
+        pdir = out / f"part-{p['part']}"
+        rj = pdir / "results.json"
+        if rj.exists():
+            prev = json.loads(rj.read_text())
+            if prev.get("finished"):
+                log(f"part {p['part']}: finished earlier ({rj})")
+                done.append((p, prev))
+                continue
+        log(f"part {p['part']} of {len(PLAN)}: {p['train_seeds']} training seeds x arms {','.join(p['arms'])}")
+        pcfg = dataclasses.replace(cfg, arms=tuple(p["arms"]), train_seeds=p["train_seeds"])
+        res = run(pcfg, seed=seed, out=None, warm_start_file=out / f"warm-start-{p['train_seeds']}.jwc", progress=log)
+        res.pop("_state", None)
+        res["finished"] = True
+        res["seed"] = seed
+        res["study_part"] = p
+        if p["pairs_with_reference"]:
+            res["pairing_check"] = pairing_check(res, ref)
+            log(f"part {p['part']}: warm starts equal to the recorded study's: "
+                f"{res['pairing_check']['warm_starts_equal']}")
+        _common.write_results(pdir, res)
+        done.append((p, res))
+    study = {"plan": plan(), "seed": seed, "reference": str(reference), "analysis": analyse(done, ref),
+             "wall_seconds_this_call": time.perf_counter() - t0,
+             "part_wall_seconds": [r.get("wall_seconds") for _, r in done],
+             "parts": [str(out / f"part-{p['part']}" / "results.json") for p in plan()]}
+    _common.write_results(out, study, "study.json")
+    return study
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m jaxweight.demos._countdown_study",
+                                 description="the Countdown arms study's pre-registered analysis over its part files")
+    ap.add_argument("files", nargs="+", help="part-0's results.json, part-1's, ...")
+    ap.add_argument("--reference", default=REFERENCE, help=f"the recorded 32-run study (default {REFERENCE})")
+    a = ap.parse_args()
+    print(json.dumps(analyse_files(a.files, a.reference), indent=1))
