@@ -743,12 +743,28 @@ def human_teacher(s: Settings, log_path: str | os.PathLike, *, port: int = 0, pr
 COMPILE_GUESS_S = 45.0
 
 
+def _measured(results: Path, key: str) -> float | None:
+    """A time the last run written to ``results`` (its JSON) measured (``"compile_s"``, ``"evaluate_s"``), or None."""
+    try:
+        return float(json.loads(Path(results).read_text("utf-8"))[key])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _compile_guess(results: Path) -> float:
     """The compile time of the last run written to ``results`` (its JSON), else :data:`COMPILE_GUESS_S`."""
+    t = _measured(results, "compile_s")
+    return COMPILE_GUESS_S if t is None else t
+
+
+def _rounds_done(ckpt_dir: Path) -> int:
+    """The rounds the checkpoint in ``ckpt_dir`` finished (0 without a readable one)."""
+    from jaxweight.preference.driver import CHECKPOINT_NAME
+
     try:
-        return float(json.loads(Path(results).read_text("utf-8"))["compile_s"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return COMPILE_GUESS_S
+        return int(checkpoint.load_metadata(Path(ckpt_dir) / CHECKPOINT_NAME).get("rounds_done", 0))
+    except (OSError, ValueError, TypeError):
+        return 0
 
 
 def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, out: str | os.PathLike | None = None,
@@ -828,7 +844,8 @@ def run(env: str = "cartpole", quick: bool = False, seeds: int | None = None, ou
             address_path(labels).unlink(missing_ok=True)  # a new token: an old tab says the server restarted
         labeller = human_teacher(s, labels, port=port, progress=progress, log=log, num_rounds=plan.num_rounds,
                                  idle=idle)
-        labeller.set_plan(plan.schedule)
+        labeller.set_plan(plan.schedule, rounds_done=_rounds_done(ckpt) if resume else 0,
+                          tail_s=_measured(Path(out) / f"{tag}.json", "evaluate_s"))
         given = len(labeller.log.records)
         log(f"[preferences] labels are saved to {labels}" + (f" ({given} lines given before)" if given else ""))
     try:
@@ -884,7 +901,7 @@ def _run(pc, s, plan, env, quick, out, ckpt, tag, resume, progress, baseline, se
         if writer is not None:
             writer.close()
     if labeller is not None:
-        labeller.board.set_phase("evaluating")
+        labeller.board.set_phase("evaluating", eta_s=_measured(Path(out) / f"{tag}.json", "evaluate_s"))
     for note in pc.overrides:
         log(f"[preferences] resumed after round {note['round']} with changed settings (--resume-override): "
             + "; ".join(note["changed"]))

@@ -66,6 +66,8 @@ IDLE_RULES = ("equal", "skip", "ask")
 PHASES = ("preparing", "labelling", "training", "evaluating", "finished", "stopped")
 #: seconds per answer the time estimate assumes before the person has answered twice
 _DEFAULT_LOOK_S = 6.0
+#: a pair's low and high look time before the person has answered two
+_LOOK_RANGE_S = (3.0, 10.0)
 
 
 class LabelError(Exception):
@@ -128,6 +130,7 @@ class _Round:
     predicted: np.ndarray | None     # f32[P]
     digests: list[str]
     idle: np.ndarray                 # bool[P]: answered by the rule, never asked
+    nothing: np.ndarray              # bool[P]: nothing to judge (idle_pairs), asked or not
     labels: dict[int, LabelRecord]   # pair -> the person's answer, in the order they stand
     opened: float                    # time.monotonic() at publish
     closed: bool = False             # the loop took the answers: nothing changes any more
@@ -170,21 +173,39 @@ class LabelBoard:
         self._round_gaps: list[float] = []     # seconds from a round's close to the next one's publish
         self._closed_at: float | None = None
         self._asked = self._by_rule = 0        # pairs over the rounds published this session
+        self._rounds_done = 0                  # rounds finished before this session (a resumed run)
+        self._tail_s: float | None = None      # the evaluation after the last round, as measured before
+        self._run_agree = [0, 0]               # (agree, decided) over the closed rounds of this session
         self.last_poll: float | None = None    # time.monotonic() of the page's last state request
         self.finished_seen = False             # a page has fetched the finished state
 
     # ------------------------------------------------------------ host side
-    def set_plan(self, schedule: Sequence[int]) -> None:
+    def set_plan(self, schedule: Sequence[int], *, rounds_done: int = 0, tail_s: float | None = None) -> None:
         """The run's pairs per round (the loop plan's ``schedule``): the page shows round r of R, k of N pairs.
 
+        Args:
+          schedule: pairs per round.
+          rounds_done: rounds a resumed run finished before (their pairs count as done from the start,
+            and the next round's answers already in the label log too).
+          tail_s: seconds the evaluation after the last round took before (None: unknown), added to
+            the time left and shown while it runs.
+
         Raises:
-          ValueError: not a non-empty sequence of ints >= 0.
+          ValueError: not a non-empty sequence of ints >= 0; ``rounds_done`` outside ``[0, len(schedule)]``;
+            a negative ``tail_s``.
         """
         sched = tuple(schedule)
         if not sched or any(isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0 for n in sched):
             raise ValueError(f"schedule must be a non-empty sequence of ints >= 0 (pairs per round), got {schedule!r}")
+        if isinstance(rounds_done, bool) or not isinstance(rounds_done, (int, np.integer)) or \
+                not 0 <= rounds_done <= len(sched):
+            raise ValueError(f"rounds_done must be an int in [0, {len(sched)}], got {rounds_done!r}")
+        if tail_s is not None and not (isinstance(tail_s, (int, float)) and tail_s >= 0):
+            raise ValueError(f"tail_s must be None or seconds >= 0, got {tail_s!r}")
         with self.cond:
             self._schedule = tuple(int(n) for n in sched)
+            self._rounds_done = int(rounds_done)
+            self._tail_s = None if tail_s is None else float(tail_s)
 
     def set_phase(self, phase: str, *, message: str | None = None, eta_s: float | None = None) -> None:
         """What the run does while no round is open, for the page (e.g. ``"preparing"`` with the compile's ``eta_s``).
@@ -229,14 +250,15 @@ class LabelBoard:
         if stale:
             logger.warning("label log %s: %d label(s) of round %d answer other observations than this round's; "
                            "they stay in the log, unused, and those pairs are asked again", self.log.path, stale, r)
-        idle = np.zeros((a.shape[0],), bool) if self.idle == "ask" else idle_pairs(self.renderer, a)
+        nothing = idle_pairs(self.renderer, a)
+        idle = np.zeros((a.shape[0],), bool) if self.idle == "ask" else nothing.copy()
         idle[list(labels)] = False  # a person's answer in the log stands
         now = time.monotonic()
         with self.cond:
             if self._closed_at is not None:
                 self._round_gaps.append(now - self._closed_at)
                 self._closed_at = None
-            self._round = _Round(r, a, pred, digests, idle, labels, now)
+            self._round = _Round(r, a, pred, digests, idle, nothing, labels, now)
             self._clips = {}
             self._last_answer = None
             self._asked += int((~idle).sum())
@@ -250,6 +272,10 @@ class LabelBoard:
         with self.cond:
             if self._round is not None and not self._round.closed:
                 self._round.closed = True
+                a = _agreement(self._round)
+                if a is not None:
+                    self._run_agree[0] += a["agree"]
+                    self._run_agree[1] += a["decided"]
                 self._closed_at = time.monotonic()
                 self._phase = "training"
                 self._phase_since = self._closed_at
@@ -404,8 +430,13 @@ class LabelBoard:
             "rounds": None if sched is None else len(sched), "min_look_ms": self.min_look_ms, "idle_rule": self.idle,
             "round": None, "requested": 0, "labelled": 0, "asked": 0, "answered": 0, "by_rule": 0, "done": False,
             "pair": None, "upcoming": None, "digest": None, "upcoming_digest": None, "accuracy": None, "last": None,
-            "overall": None if sched is None else {"done": 0, "total": sum(sched)}, "left_s": None,
+            "overall": None if sched is None else {"done": self._done_before(sched), "total": sum(sched)},
+            "left_s": None, "left_range_s": None, "run_agreement": self._run_agreement(rd),
         }
+        if self._phase == "evaluating":  # what is left is the evaluation: its measured time, if any
+            eta = base["phase_eta_s"]
+            base["left_s"] = eta
+            base["left_range_s"] = None if eta is None else [eta, eta]
         if rd is None:
             return base
         todo = [p for p in range(rd.obs.shape[0]) if p not in rd.labels and not rd.idle[p]]
@@ -426,8 +457,45 @@ class LabelBoard:
             r = min(rd.index, len(sched))
             done = sum(sched[:r]) + (rd.obs.shape[0] if rd.closed else labelled)
             out["overall"] = {"done": int(min(done, sum(sched))), "total": sum(sched)}
-            out["left_s"] = self._left_s(rd, sched, len(todo))
+            if self._phase != "evaluating":
+                out["left_s"] = self._left_s(rd, sched, len(todo))
+                out["left_range_s"] = self._left_range_s(rd, sched, len(todo))
         return out
+
+    def _done_before(self, sched: tuple[int, ...]) -> int:
+        """Pairs done before any round of this session opens: the rounds a resumed run finished, and the
+        next round's pairs already answered in the label log."""
+        k = min(self._rounds_done, len(sched))
+        logged = 0 if k >= len(sched) else sum(rec.choice != "undone" for rec in
+                                                latest(x for x in self.log.records if x.round == k).values())
+        return int(min(sum(sched[:k]) + min(logged, sched[k] if k < len(sched) else 0), sum(sched)))
+
+    def _run_agreement(self, rd: _Round | None) -> dict[str, int]:
+        """``{"agree", "decided"}`` over this session's rounds: pairs with something to judge that the
+        person answered left or right, the open round included."""
+        agree, decided = self._run_agree
+        if rd is not None and not rd.closed:
+            a = _agreement(rd)
+            if a is not None:
+                agree, decided = agree + a["agree"], decided + a["decided"]
+        return {"agree": int(agree), "decided": int(decided)}
+
+    def _left_range_s(self, rd: _Round, sched: tuple[int, ...], todo: int) -> list[float]:
+        """``[low, high]`` seconds left: the person's pace as the quartiles of their answer gaps (3 to 10 s a
+        pair before two answers), the training between rounds as its shortest and longest so far, and the
+        evaluation as measured before."""
+        if len(self._answer_gaps) >= 2:
+            lo_look, hi_look = (float(q) for q in np.percentile(self._answer_gaps, [25, 75]))
+        else:
+            lo_look, hi_look = _LOOK_RANGE_S
+        seen = self._asked + self._by_rule
+        share = self._asked / seen if seen else 1.0
+        later = sched[rd.index + 1:] if rd.index + 1 <= len(sched) else ()
+        gaps = self._round_gaps or [0.0]
+        tail = self._tail_s or 0.0
+        pairs = todo + share * sum(later)
+        return [float(lo_look * pairs + min(gaps) * len(later) + tail),
+                float(hi_look * pairs + max(gaps) * len(later) + tail)]
 
     def _left_s(self, rd: _Round, sched: tuple[int, ...], todo: int) -> float:
         """Seconds left: the pairs still to answer at the person's pace so far (6 s a pair before two answers,
@@ -474,15 +542,16 @@ def _agreement(rd: _Round) -> dict[str, int] | None:
     The model predicts "left" when ``predicted > 0.5`` (as
     :func:`~jaxweight.preference.evaluation.preference_accuracy` ranks the
     first fragment higher only when its return is strictly higher); pairs
-    answered equal or skip, and pairs whose prediction is not in ``[0, 1]``,
-    are not decided.
+    answered equal or skip, pairs with nothing to judge (:func:`idle_pairs`:
+    their returns tie, so neither side is right; asked with ``idle="ask"``) and
+    pairs whose prediction is not in ``[0, 1]`` are not decided.
     """
     if rd.predicted is None:
         return None
     agree = decided = 0
     for p, rec in rd.labels.items():
         q = float(rd.predicted[p])
-        if rec.choice not in ("left", "right") or not 0.0 <= q <= 1.0:
+        if rec.choice not in ("left", "right") or not 0.0 <= q <= 1.0 or rd.nothing[p]:
             continue
         decided += 1
         agree += int((q > 0.5) == (rec.choice == "left"))

@@ -17,10 +17,13 @@ finds one or names the ids it knows.
 Every frame shows what is judged. A renderer may say which frames are *live*
 (``Renderer.live``: the subject is in play and earns reward; CartPole: the
 cart within its bounds and the pole within 12 degrees). A stretch that is not
-live is drawn as such: the last live frame frozen and dimmed with "fell at
-step k of L" (or, with no live frame before it, the fragment's first frame
-dimmed with "fallen before this clip"). CartPole's view follows the cart (the
-bounds and a 0.5 m scale drawn on the track), so the cart is in every frame.
+live is drawn as such: the last live frame frozen and dimmed with "down since
+step k of L: no reward while down" (or, with no live frame before it, the
+fragment's first frame dimmed with "down at the clip's start"). Live is the
+quantity the reward pays, frame by frame: a CartPole pole that swings back
+through upright earns reward again and is drawn live again. CartPole's view
+follows the cart (the bounds and a 0.5 m scale drawn on the track) and keeps
+the whole pole in view, whatever its angle.
 
 Example::
 
@@ -307,8 +310,8 @@ def _frames(obs: np.ndarray, draw_one: Callable[[ImageDraw.ImageDraw, np.ndarray
             d = ImageDraw.Draw(img)
             draw_one(d, row, dim)
             if dim:
-                _banner(d, f"fell at step {starts[t]} of {n - 1}: no reward from here on" if had_live[t]
-                        else "fallen before this clip: no reward")
+                _banner(d, f"down since step {starts[t]} of {n - 1}: no reward while down" if had_live[t]
+                        else "down at the clip's start: no reward while down")
         _time_bar(d, t, n)
         out.append(img)
     return out
@@ -320,7 +323,7 @@ _CP_X_BOUND = 2.4
 _CP_THETA_BOUND = 12 * 2 * math.pi / 360
 _CP_VIEW = 2.9            # half-width of the view in metres
 _CP_SCALE = WIDTH / (2 * _CP_VIEW)
-_CP_MARGIN = 0.45         # the view follows the cart so that it stays this far inside the edge
+_CP_MARGIN = 1.1          # the view follows the cart so that it stays this far inside the edge (the pole: 1 m)
 _CP_TRACK_Y = 130         # pixel row of the track
 _CP_POLE = 1.0 * _CP_SCALE  # the full pole (2 x half-length)
 _CP_CART_W, _CP_CART_H = 0.5 * _CP_SCALE, 0.3 * _CP_SCALE
@@ -383,7 +386,8 @@ def _cartpole(env_name: str) -> Renderer:
                                                            base=_cartpole_base),
         frame_ms=100, live=cartpole_live, subject_rgb=(_PALETTE[CART], _PALETTE[CART_DIM]),
         goal="Keep the pole upright and the cart between the red marks (shown at 1/5 speed). "
-             "A dimmed, frozen clip has fallen: nothing it does from there earns anything.",
+             "A dimmed, frozen stretch is down (the pole past 12 degrees or the cart past a mark): it earns "
+             "nothing until the pole is back up within the marks.",
     )
 
 

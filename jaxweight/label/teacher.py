@@ -151,9 +151,10 @@ class HumanTeacher:
     def token(self) -> str:
         return self.server.token
 
-    def set_plan(self, schedule: Any) -> None:
-        """The run's pairs per round, for the page's "round r of R, pairs k of N" (see :meth:`LabelBoard.set_plan`)."""
-        self.board.set_plan(schedule)
+    def set_plan(self, schedule: Any, *, rounds_done: int = 0, tail_s: float | None = None) -> None:
+        """The run's pairs per round, for the page's "round r of R, pairs k of N", the rounds a resumed run
+        finished before and the evaluation's measured time (see :meth:`LabelBoard.set_plan`)."""
+        self.board.set_plan(schedule, rounds_done=rounds_done, tail_s=tail_s)
 
     def start(self) -> str:
         """Start the server (idempotent) and return the URL to open; ``announce`` hears it once.

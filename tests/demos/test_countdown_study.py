@@ -30,10 +30,12 @@ def _fake(arms: dict, seeds: int, base_eval=0.1) -> dict:
 @pytest.mark.fast
 def test_plan_pairs_the_binary_parts_with_the_recorded_study_and_uses_known_arms():
     parts = S.plan()
-    assert [p["part"] for p in parts] == [0, 1, 2]
+    assert [p["part"] for p in parts] == [0, 1, 2, 3]
+    assert tuple(parts[3]["arms"]) == S.REFERENCE_ARMS and parts[3]["train_seeds"] == 32
     assert all(a in P.ARMS for p in parts for a in p["arms"])
     assert {p["train_seeds"] for p in parts if p["pairs_with_reference"]} == {32}
     assert all(P.ARM_SETTINGS[a].graded for a in parts[2]["arms"]) and not parts[2]["pairs_with_reference"]
+    assert {p["train_seeds"] for p in parts if p["part"] in S.BINARY_PARTS} == {32}
     for t, r, _ in S.COMPARISONS:
         assert t in P.ARMS and r in P.ARMS
     ref = json.loads(Path(S.REFERENCE).read_text())
@@ -68,6 +70,14 @@ def test_answers_follow_the_registered_rules_and_a_failed_pairing_check_pairs_no
     bad = _fake({"positive_class": base, "maxent_step": base}, n, base_eval=0.2)
     an = S.analyse([(plan[0], bad)], ref)
     assert an["pairing_checks"][0]["warm_starts_equal"] is False and an["comparisons"] == {}
+    assert "maxent_step - drgrpo" in an["exploratory_vs_recorded"] and an["exploratory_note"]
+    # part 3 re-runs the recorded arms on the study's warm starts: every binary comparison pairs within the study
+    p3 = _fake({"drgrpo": base + 0.01, "xdr_tau0.05": base + 0.11, "xdr_classmean_tau0.05": base + 0.16}, n,
+               base_eval=0.2)
+    an = S.analyse([(plan[0], bad), (plan[3], p3)], ref)
+    assert "part 3" in an["binary_pairs_from"] and an["exploratory_vs_recorded"] == {}
+    c = an["comparisons"]["maxent_step - drgrpo"]
+    assert c["pass_at_8"]["estimate"] == pytest.approx(-0.01)
 
 
 @pytest.mark.slow
@@ -76,7 +86,7 @@ def test_tiny_study_runs_its_parts_shares_the_warm_start_and_keeps_finished_part
     ref_res.pop("_state")
     ref_file = tmp_path / "ref.json"
     ref_file.write_text(json.dumps(ref_res))
-    monkeypatch.setattr(S, "PLAN", tuple({**p, "train_seeds": 3} for p in S.PLAN[:2]))
+    monkeypatch.setattr(S, "PLAN", tuple({**p, "train_seeds": 3} for p in S.PLAN if p["part"] != 2))
     lines = []
     study = S.run_study(TINY, seed=0, out=tmp_path / "st", reference=ref_file, run=D.run, log=lines.append)
     an = study["analysis"]

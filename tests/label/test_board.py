@@ -33,6 +33,34 @@ def test_answers_follow_the_synthetic_teacher_convention(tmp_path):
     assert board.wait(0.01) and board.snapshot()["done"]
 
 
+def test_a_resumed_run_counts_its_finished_rounds_and_the_logged_answers_before_a_round_opens(tmp_path):
+    board = _board(tmp_path)
+    board.publish(2, random_obs(4))
+    for p in range(3):
+        board.submit(2, p, "left")
+    board.undo(2, 2)
+    again = LabelBoard(board.log, get_renderer("cartpole"))            # the run restarted with the same log
+    again.set_plan([5, 5, 4, 4], rounds_done=2, tail_s=60)
+    s = again.snapshot()
+    assert s["round"] is None and s["overall"] == {"done": 5 + 5 + 2, "total": 18}
+    with pytest.raises(ValueError, match="rounds_done"):
+        again.set_plan([5, 5], rounds_done=3)
+
+
+def test_agreement_leaves_out_pairs_with_nothing_to_judge_and_the_run_total_covers_closed_rounds(tmp_path):
+    obs = random_obs(4)
+    obs[2, :, :, 2] = 1.0                                                # both poles down all along: a tie
+    board = LabelBoard(LabelLog(tmp_path / "l.jsonl"), get_renderer("cartpole"), idle="ask")
+    board.publish(0, obs, np.array([0.9, 0.9, 0.9, 0.1], np.float32))
+    for p, c in enumerate(["left", "right", "left", "right"]):
+        board.submit(0, p, c)
+    assert board.snapshot()["accuracy"] == {"agree": 2, "decided": 3}   # pair 2 was asked, but ties
+    board.close_round()
+    board.publish(1, random_obs(2, seed=3), np.array([0.8, 0.8], np.float32))
+    board.submit(1, 0, "left")
+    assert board.snapshot()["run_agreement"] == {"agree": 3, "decided": 4}
+
+
 def test_agreement_counts_pairs_answered_left_or_right_with_a_prediction_in_range(tmp_path):
     board = _board(tmp_path)
     pred = np.array([0.9, 0.9, 0.2, 0.5, np.nan, 1.5, 0.7], np.float32)
@@ -251,6 +279,20 @@ def test_the_snapshot_says_round_r_of_r_pairs_k_of_n_and_the_time_left(tmp_path,
     s = board.snapshot()
     assert (s["round"], s["phase"], s["overall"]) == (1, "labelling", {"done": 3, "total": 7})
     assert s["left_s"] == 4 * (2 + 2) + 30                              # 2 pairs now, 2 in the last round, 1 gap
+    assert s["left_range_s"] == [4 * (2 + 2) + 30] * 2                  # every gap was 4 s, one round gap
+    board.submit(1, 0, "left")
+    now[0] += 10
+    board.submit(1, 1, "left")
+    s = board.snapshot()
+    lo, hi = s["left_range_s"]
+    assert lo < hi and lo == pytest.approx(4 * 2 + 30) and hi == pytest.approx(np.percentile([4, 4, 10], 75) * 2 + 30)
+    board.close_round()
+    board.set_phase("evaluating", eta_s=70)
+    now[0] += 20
+    s = board.snapshot()                                                 # never "1 s left" while it evaluates
+    assert s["left_s"] == 50 and s["left_range_s"] == [50, 50]
+    board.set_phase("evaluating")
+    assert board.snapshot()["left_range_s"] is None                      # not measured: nothing promised
     board.set_phase("finished", message="run finished: results in out/cartpole.json")
     assert board.poll()["message"] == "run finished: results in out/cartpole.json" and board.finished_seen
     with pytest.raises(ValueError, match="phase must be one of"):

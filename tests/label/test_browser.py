@@ -261,9 +261,14 @@ def test_preparing_then_between_rounds_then_finished_and_polling_stops(browser, 
     assert text.startswith("Round 1 done") and not _shown(browser, "clips") and not _shown(browser, "choices")
     assert "Round 1 of 2" in _text(browser, "where") and "2 of 4 comparisons" in _text(browser, "where")
 
+    teacher.board.close_round()
+    teacher.board.set_phase("evaluating", eta_s=80)                   # as measured by the run before
+    text = _wait_text(browser, "progress-text", "Evaluating")
+    assert "about 1 min left" in text and "1 s" not in _text(browser, "where")
     teacher.finish("run finished: results in /tmp/out/cartpole.json")
     _wait_text(browser, "final", "results in /tmp/out/cartpole.json")
     assert _text(browser, "progress-text") == "Run finished" and not _shown(browser, "clips")
+    assert not _shown(browser, "accuracy")                            # the round's line goes with the round
     count = "return performance.getEntriesByType('resource').filter(e => e.name.includes('api/state')).length"
     before = browser.execute_script(count)
     time.sleep(2.5)

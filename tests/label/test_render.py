@@ -81,6 +81,37 @@ def test_a_clip_fallen_from_its_start_shows_its_first_frame_dimmed_and_the_view_
     assert all(np.array_equal(f[0][:-8], fr[:-8]) for fr in f[1:])      # frame 0, frozen
 
 
+def test_captions_follow_the_environments_reward_when_the_pole_swings_back_up():
+    """A pole that falls, swings back through upright and falls again: each frame is drawn down (dimmed,
+    with the banner) exactly where FixedHorizonCartPole pays 0 for the step that ends in it."""
+    jnp = pytest.importorskip("jax.numpy")
+    from jaxweight.rl.envs import FixedHorizonCartPole
+
+    env = FixedHorizonCartPole()
+    theta = np.array([0.0, 0.1, 0.3, 0.6, 0.25, 0.05, -0.1, -0.4, -0.9, -0.15, 0.0], np.float32)
+    obs = np.zeros((theta.size, 4), np.float32)
+    obs[:, 2] = theta
+    obs[:, 0] = np.linspace(0.0, 0.5, theta.size)
+    paid = np.asarray([float(env.transition_reward(env.default_params, None, None, jnp.asarray(o))) for o in obs])
+    f = gif_frames(render_clip("cartpole", obs))
+    for t in range(1, len(f)):                       # frame t ends step t (frame 0 is the start state)
+        assert _banner(f[t]) == (paid[t] == 0.0), (t, paid[t])
+        assert (_where(f[t], render.CART)[0].size > 0) == (paid[t] == 1.0)  # live colours only where paid
+    assert paid[1:].sum() == sum(not _banner(fr) for fr in f[1:])           # the live frames are the return
+    assert paid[5] == 1.0 and paid[3] == 0.0        # it did swing back
+
+
+def test_the_whole_pole_stays_in_view_at_any_angle_and_place():
+    rng = np.random.default_rng(0)
+    obs = np.stack([rng.uniform(-60, 60, 64), np.zeros(64), rng.uniform(-np.pi, np.pi, 64), np.zeros(64)], 1)
+    obs[:8, 0] = [-2.4, 2.4, -2.0, 2.0, -1.6, 1.6, 0.0, 3.0]
+    obs[:8, 2] = [-np.pi / 2, np.pi / 2, -np.pi / 2, np.pi / 2, -np.pi / 2, np.pi / 2, np.pi, np.pi / 2]
+    for fr in gif_frames(render_clip("cartpole", obs.astype(np.float32))):
+        ys, xs = np.nonzero(np.all((fr == render._PALETTE[render.POLE]) | (fr == render._PALETTE[render.POLE_DIM]),
+                                   axis=-1))
+        assert xs.size > 20 and xs.min() > 0 and xs.max() < WIDTH - 1 and ys.min() > 0 and ys.max() < HEIGHT - 6
+
+
 def test_the_view_follows_a_cart_past_the_edge_while_it_is_live():
     """A renderer without ``live`` (every frame live) still keeps the cart in view: the camera moves."""
     r = get_renderer("cartpole")

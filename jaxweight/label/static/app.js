@@ -85,7 +85,7 @@
   }
 
   function hideAll() {
-    ["clips", "choices", "help", "undo-line", "final", "notice", "where"].forEach((id) => { $(id).hidden = true; });
+    ["clips", "choices", "help", "undo-line", "final", "notice", "where", "accuracy"].forEach((id) => { $(id).hidden = true; });
   }
 
   function stopWith(title, text, isError) {
@@ -129,8 +129,23 @@
     const parts = [];
     if (s.round !== null) parts.push(`Round ${s.round + 1}` + (s.rounds ? ` of ${s.rounds}` : ""));
     if (s.overall) parts.push(`${s.overall.done} of ${s.overall.total} comparisons of the run done`);
-    if (s.left_s !== null && s.left_s !== undefined) parts.push(`about ${duration(s.left_s)} left`);
+    const left = leftText(s.left_range_s);
+    if (left) parts.push(left);
     return parts.join(" \u00b7 ");
+  }
+
+  // "about 2-5 min left" from [low, high] seconds (one figure when they round alike); null when unknown
+  function leftText(range) {
+    if (!range) return null;
+    const lo = duration(range[0]), hi = duration(range[1]);
+    return lo === hi ? `about ${lo} left` : `${lo} to ${hi} left`;
+  }
+
+  // the finished screen's line: the reward model against the person, over the pairs they judged
+  function agreementText(a) {
+    if (!a || a.decided === 0) return "";
+    return ` Over the ${a.decided} pairs you answered left or right whose clips differed, the reward model ` +
+      `agreed with you on ${a.agree} (${Math.round((100 * a.agree) / a.decided)}%).`;
   }
 
   function render(s) {
@@ -140,7 +155,8 @@
     document.body.dataset.phase = s.phase;
     if (s.phase === "finished" || s.phase === "stopped") {
       stopWith(s.phase === "finished" ? "Run finished" : "Run stopped",
-               s.message || (s.phase === "finished" ? "The run has finished." : "The run was stopped."));
+               (s.message || (s.phase === "finished" ? "The run has finished." : "The run was stopped.")) +
+               (s.phase === "finished" ? agreementText(s.run_agreement) : ""));
       return;
     }
     if (s.phase === "evaluating") seenEnd = true;
@@ -193,7 +209,10 @@
           (eta === null || eta === undefined ? "\u2026"
             : eta > 0 ? `, about ${duration(eta)} left\u2026` : ", taking longer than expected\u2026");
       } else if (s.phase === "evaluating") {
-        text.textContent = "Every round is labelled. Evaluating the agent\u2026";
+        const eta = s.phase_eta_s;
+        text.textContent = "Every round is labelled. Evaluating the agent" +
+          (eta === null || eta === undefined ? " (its time was not measured before)\u2026"
+            : eta > 0 ? `, about ${duration(eta)} left\u2026` : ", taking longer than last time\u2026");
       } else if (s.phase === "training" || s.closed) {
         const last = s.rounds !== null && s.round + 1 >= s.rounds;
         text.textContent = `Round ${s.round + 1} done. ` + (last ? "Finishing the run\u2026"
