@@ -84,6 +84,7 @@ CASES = {
     "k3_kl": lambda d: M.k3_kl(d["ref"] * 0.5, d["ref"]),
     "candidate_weights": lambda d: M.candidate_weights(d["u"], d["mask"], tau=0.5, lam=0.1, ref_logp=d["ref"]),
     "candidate_weights_tau0": lambda d: M.candidate_weights(d["u"], d["mask"], tau=0.0),
+    "positive_class_weights": lambda d: M.positive_class_weights(d["u"], d["mask"]),
     "candidate_weights_vmap_tau": lambda d: jax.vmap(lambda t: M.candidate_weights(d["u"], d["mask"], tau=t))(
         jnp.array([0.0, 1e-3, 1e9])),
     "aggregation_diagnostics": lambda d: M.aggregation_diagnostics(M.candidate_weights(d["u"], d["mask"], tau=0.0),
