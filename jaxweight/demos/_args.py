@@ -186,6 +186,8 @@ def _grpo() -> argparse.ArgumentParser:
 
 #: lm --compare: seeds per arm
 LM_COMPARE_SEEDS = 3
+#: lm --task countdown --study: the arms study's parts (``_countdown_study.PLAN``'s, by number)
+STUDY_PARTS = ("0", "1", "2", "3")
 #: lm: the quick run's and --compare's arms; the study adds the two full_no_* ablations
 LM_ARMS = tuple(a for a in LM_ARM_FLAGS if not a.startswith("full_no_"))
 
@@ -260,6 +262,8 @@ def _countdown() -> argparse.ArgumentParser:
     g.add_argument("--study", action="store_true",
                    help="the arms study: its parts in order under --out (a finished part is kept, the rest run), "
                         "then study.json with the pre-registered analysis against the recorded 32-run study")
+    g.add_argument("--study-parts", type=C.comma_list(STUDY_PARTS), default=None,
+                   help="--study: the unfinished parts to run now, in this order, e.g. 3,2 (default: all, in order)")
     g.add_argument("--reference", default=None,
                    help="--study: the recorded 32-run study's results "
                         "(default bench/results/demo-lm-countdown-32seeds-cpu-2core.json)")
@@ -327,6 +331,8 @@ def refusal(name: str, args: argparse.Namespace) -> str | None:
     if name == "lm-countdown":
         if args.reference is not None and not args.study:
             return "--reference is the study's: it needs --study"
+        if args.study_parts is not None and not args.study:
+            return "--study-parts is the study's: it needs --study"
         if args.study:
             set_ = [f for f, v in (("--quick", args.quick), ("--sweep", args.sweep), ("--arms", args.arms),
                                    ("--train-seeds", args.train_seeds)) if v]

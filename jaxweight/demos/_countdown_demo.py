@@ -423,7 +423,8 @@ def _study(a, cfg, out: Path, log) -> int:
         print(f"demo lm --task countdown --study: the recorded study {ref} is not there: run from the repository "
               "root or pass --reference FILE", file=sys.stderr)
         return 2
-    study = S.run_study(cfg, seed=a.seed, out=out, reference=ref, run=run, log=log)
+    parts = None if a.study_parts is None else [int(q) for q in a.study_parts]
+    study = S.run_study(cfg, seed=a.seed, out=out, reference=ref, run=run, log=log, parts=parts)
     an = study["analysis"]
     print(f"demo lm --task countdown --study: parts {an['finished_parts']} of {an['planned_parts']} finished; "
           f"pairing checks {an['pairing_checks']}")

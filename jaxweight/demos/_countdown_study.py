@@ -61,7 +61,7 @@ import numpy as np
 
 from . import _countdown_stats as ST
 
-__all__ = ["PLAN", "REFERENCE", "REFERENCE_ARMS", "COMPARISONS", "METRICS", "plan", "pairing_check", "analyse",
+__all__ = ["PLAN", "REFERENCE", "REFERENCE_ARMS", "COMPARISONS", "METRICS", "plan", "pairing_check", "warm_start_check", "analyse",
            "analyse_files", "run_study"]
 
 #: the recorded 32-run study the binary parts pair with (its arms, training seeds 0-31 of seed 0)
@@ -147,8 +147,11 @@ def analyse(parts: list[tuple[dict, dict]], reference: dict) -> dict:
     """The pre-registered analysis over ``(plan entry, results.json)`` of the parts finished so far."""
     fin = [(p, r) for p, r in parts if r.get("finished")]
     checks = {p["part"]: pairing_check(r, reference) for p, r in fin if p["pairs_with_reference"]}
-    own = [r for p, r in fin if p["part"] in BINARY_PARTS]
-    if any(p["part"] == 3 for p, _ in fin):      # the recorded arms re-run on the study's warm starts
+    p3 = next((r for p, r in fin if p["part"] == 3), None)
+    # the binary parts pair within the study only where their warm starts are part 3's, exactly
+    own_checks = {p["part"]: warm_start_check(r, p3) for p, r in fin if p3 is not None and p["part"] in BINARY_PARTS}
+    own = [r for p, r in fin if own_checks.get(p["part"])]
+    if p3 is not None:      # the recorded arms re-run on the study's warm starts
         binary, source = own, "the study's own runs (part 3 re-ran the recorded arms on its warm starts)"
     else:
         paired = [r for p, r in fin if p["pairs_with_reference"] and checks[p["part"]]["warm_starts_equal"]]
@@ -185,6 +188,7 @@ def analyse(parts: list[tuple[dict, dict]], reference: dict) -> dict:
     else:
         a2 = None
     return {"finished_parts": [p["part"] for p, _ in fin], "planned_parts": len(PLAN), "pairing_checks": checks,
+            "warm_starts_equal_to_part_3": own_checks,
             "binary_pairs_from": source, "comparisons": comps, "complete": len(fin) == len(PLAN),
             "exploratory_vs_recorded": exploratory,
             "exploratory_note": "paired by training seed with the recorded runs although the warm starts are equal "
@@ -206,28 +210,45 @@ def analyse_files(files: list[str | Path], reference: str | Path = REFERENCE) ->
                    json.loads(Path(reference).read_text()))
 
 
-def run_study(cfg, *, seed: int, out: Path, reference: str | Path, run, log) -> dict:
-    """Run (or continue) every part in order, then write ``--out/study.json``; returns it.
+def warm_start_check(part: dict, earlier: dict) -> bool:
+    """Whether two parts of the study trained from the same warm starts: their warm-start policy's
+    per-seed metrics on both splits equal, exactly (a kept warm-start file gives this by
+    construction; one computed again must reproduce it)."""
+    b, r = part["warm_start"]["base_policy"], earlier["warm_start"]["base_policy"]
+    return all(b[sp]["per_seed"][k] == r[sp]["per_seed"][k] for sp in ("train", "eval") for k in b[sp]["per_seed"])
+
+
+def run_study(cfg, *, seed: int, out: Path, reference: str | Path, run, log, parts: list[int] | None = None) -> dict:
+    """Run (or continue) the parts, then write ``--out/study.json``; returns it.
 
     ``cfg`` is the study's base configuration (the demo's defaults); each part replaces its arms
     and training seeds. ``run(cfg, seed=, out=, warm_start_file=, progress=)`` is
-    :func:`._countdown_demo.run`.
+    :func:`._countdown_demo.run`. ``parts``: the unfinished parts to run in this call, in that
+    order (default: every part, in plan order); the order changes nothing in a part's results.
     """
     from . import _common
 
     ref = json.loads(Path(reference).read_text())
     t0 = time.perf_counter()
-    done = []
-    for p in plan():
-        pdir = out / f"part-{p['part']}"
-        rj = pdir / "results.json"
+    by_id = {p["part"]: p for p in plan()}
+    order = list(by_id) if parts is None else list(parts)
+    unknown = [q for q in order if q not in by_id]
+    if unknown:
+        raise ValueError(f"parts: the plan has parts {sorted(by_id)}, got {unknown}")
+    finished = {}
+    for q, p in by_id.items():
+        rj = out / f"part-{q}" / "results.json"
         if rj.exists():
             prev = json.loads(rj.read_text())
             if prev.get("finished"):
-                log(f"part {p['part']}: finished earlier ({rj})")
-                done.append((p, prev))
-                continue
-        log(f"part {p['part']} of {len(PLAN)}: {p['train_seeds']} training seeds x arms {','.join(p['arms'])}")
+                log(f"part {q}: finished earlier ({rj})")
+                finished[q] = prev
+    for q in order:
+        p = by_id[q]
+        if q in finished:
+            continue
+        pdir = out / f"part-{q}"
+        log(f"part {q} of {len(PLAN)}: {p['train_seeds']} training seeds x arms {','.join(p['arms'])}")
         pcfg = dataclasses.replace(cfg, arms=tuple(p["arms"]), train_seeds=p["train_seeds"])
         res = run(pcfg, seed=seed, out=None, warm_start_file=out / f"warm-start-{p['train_seeds']}.jwc", progress=log)
         res.pop("_state", None)
@@ -238,12 +259,17 @@ def run_study(cfg, *, seed: int, out: Path, reference: str | Path, run, log) -> 
             res["pairing_check"] = pairing_check(res, ref)
             log(f"part {p['part']}: warm starts equal to the recorded study's: "
                 f"{res['pairing_check']['warm_starts_equal']}")
+        same = [e for e, r in finished.items() if by_id[e]["train_seeds"] == p["train_seeds"]]
+        if same:
+            res["warm_start_check"] = {"part": same[0], "equal": warm_start_check(res, finished[same[0]])}
+            log(f"part {q}: warm starts equal to part {same[0]}'s: {res['warm_start_check']['equal']}")
         _common.write_results(pdir, res)
-        done.append((p, res))
+        finished[q] = res
+    done = [(by_id[q], finished[q]) for q in sorted(finished)]
     study = {"plan": plan(), "seed": seed, "reference": str(reference), "analysis": analyse(done, ref),
              "wall_seconds_this_call": time.perf_counter() - t0,
              "part_wall_seconds": [r.get("wall_seconds") for _, r in done],
-             "parts": [str(out / f"part-{p['part']}" / "results.json") for p in plan()]}
+             "parts": [str(out / f"part-{q}" / "results.json") for q in by_id]}
     _common.write_results(out, study, "study.json")
     return study
 

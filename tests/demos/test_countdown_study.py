@@ -78,6 +78,11 @@ def test_answers_follow_the_registered_rules_and_a_failed_pairing_check_pairs_no
     assert "part 3" in an["binary_pairs_from"] and an["exploratory_vs_recorded"] == {}
     c = an["comparisons"]["maxent_step - drgrpo"]
     assert c["pass_at_8"]["estimate"] == pytest.approx(-0.01)
+    assert an["warm_starts_equal_to_part_3"] == {0: True, 3: True}
+    # a binary part whose warm starts are not part 3's, exactly, pairs with nothing
+    an = S.analyse([(plan[0], p0), (plan[3], p3)], ref)
+    assert an["warm_starts_equal_to_part_3"] == {0: False, 3: True}
+    assert "maxent_step - drgrpo" not in an["comparisons"] and "xdr_tau0.05 - drgrpo" not in an["comparisons"]
 
 
 @pytest.mark.slow
@@ -88,7 +93,11 @@ def test_tiny_study_runs_its_parts_shares_the_warm_start_and_keeps_finished_part
     ref_file.write_text(json.dumps(ref_res))
     monkeypatch.setattr(S, "PLAN", tuple({**p, "train_seeds": 3} for p in S.PLAN if p["part"] != 2))
     lines = []
+    # part 1 first: the order of the parts changes nothing in their results
+    first = S.run_study(TINY, seed=0, out=tmp_path / "st", reference=ref_file, run=D.run, log=lines.append, parts=[1])
+    assert first["analysis"]["finished_parts"] == [1] and not (tmp_path / "st" / "part-0").exists()
     study = S.run_study(TINY, seed=0, out=tmp_path / "st", reference=ref_file, run=D.run, log=lines.append)
+    assert any("part 0: warm starts equal to part 1's: True" in ln for ln in lines)
     an = study["analysis"]
     assert an["complete"] and an["pairing_checks"] == {0: {"same_settings": True, "warm_starts_equal": True},
                                                         1: {"same_settings": True, "warm_starts_equal": True}}
@@ -115,3 +124,11 @@ def test_study_flag_refuses_what_it_sets_itself(capsys):
     with pytest.raises(SystemExit):
         _args.parse("lm-countdown", ["--reference", "x.json"])
     assert "needs --study" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _args.parse("lm-countdown", ["--study-parts", "3"])
+    assert "--study-parts is the study's: it needs --study" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _args.parse("lm-countdown", ["--study", "--study-parts", "3,7"])
+    assert "unknown '7'" in capsys.readouterr().err
+    assert _args.parse("lm-countdown", ["--study", "--study-parts", "3,2"]).study_parts == ["3", "2"]
+    assert _args.STUDY_PARTS == tuple(str(p["part"]) for p in S.PLAN)
