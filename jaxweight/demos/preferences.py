@@ -103,6 +103,13 @@ GOAL_NORMALISED = 0.8
 #: the settings of a run labelled by a person, full and quick: 30 comparisons in round 0, then 8 to 26 a round
 HUMAN_SETTINGS = {False: dict(total_comparisons=300, num_iterations=15), True: dict(total_comparisons=80)}
 LABELS_NAME = "labels.jsonl"
+#: printed under the progress bar once the rounds are done: what its two accuracies measure
+PROGRESS_LEGEND = (
+    ("[preferences] acc in the bar: agreement with the training labels; a tie (fragments judged equal) counts as "
+     "agreeing only when the model does not favour the first, about half the time, so acc is low when many pairs tie"),
+    ("[preferences] new_acc: agreement on each round's new pairs before training on them, ties left out, like the "
+     "held-out acc below"),
+)
 
 
 class EnvIdError(ValueError):
@@ -897,6 +904,9 @@ def _run(pc, s, plan, env, quick, out, ckpt, tag, resume, progress, baseline, se
         with timer.section("run"):
             pc.train(seed, s.total_timesteps, s.total_comparisons, num_seeds=s.seeds, checkpoint_dir=ckpt,
                      resume=resume, allow_changed=bool(resume_override), progress=on_round, teacher=labeller)
+        if bar is not None:
+            for line in PROGRESS_LEGEND:
+                log(line)
     finally:
         if writer is not None:
             writer.close()

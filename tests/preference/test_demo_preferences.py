@@ -79,6 +79,26 @@ def test_table_and_goals_format():
     assert demo.goals(res) == []
 
 
+def test_progress_legend_explains_the_bars_accuracies():
+    """The line under the progress bar names each accuracy the bar shows, and the tie rule it states is the
+    training metric's: a tie (label 0.5) counts as agreeing only when the model does not favour the first."""
+    import jax.numpy as jnp
+
+    from jaxweight.preference import training
+    from jaxweight.preference.driver import _postfix
+
+    host = {"reward_loss": [0.6], "reward_accuracy": [0.56], "fresh_accuracy": [1.0], "fresh_decided": [9],
+            "round": [1], "gt_episodes": [8], "gt_return": [500.0]}
+    shown = [k for k in _postfix(host) if "acc" in k]
+    assert shown == ["acc", "new_acc"]
+    for key, line in zip(shown, demo.PROGRESS_LEGEND):
+        assert line.startswith(f"[preferences] {key}")
+    assert "tie" in demo.PROGRESS_LEGEND[0] and "ties left out" in demo.PROGRESS_LEGEND[1]
+    probs, ties = jnp.array([0.4, 0.5, 0.6]), jnp.full((3,), 0.5)
+    zeros, mask = jnp.zeros(3), jnp.ones(3, bool)
+    assert float(training._sums(ties, mask, zeros, probs, probs)[1]) == 2.0  # the 0.6 one favours the first
+
+
 @pytest.mark.slow
 def test_quick_demo_end_to_end(tmp_path):
     """The quick demo: 2 seeds in one vmapped program; the agent, trained on the learned reward only,
