@@ -81,7 +81,7 @@ def test_readme_example_runs(monkeypatch, tmp_path):
     except Exception as e:  # pragma: no cover - the message says what broke
         pytest.fail(f"README example failed: {type(e).__name__}: {e}\n{code}")
     # the example computed what its comments say
-    ids, scores = np.asarray(ns["ids"]), np.asarray(ns["scores"])
+    scores = np.asarray(ns["scores"])
     assert ns["next_ids"].shape == (256,) and ns["next_ids"].dtype == jnp.int32
     assert ns["logs"]["curriculum/items_tracked"] == 1024.0 and ns["logs"]["curriculum/n_invalid"] == 0.0
     # an item's first score sets its EMA; the rest of the pool is untracked

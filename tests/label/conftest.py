@@ -118,6 +118,16 @@ def random_obs(p: int, dim: int = 4, frames: int = 6, seed: int = 0) -> np.ndarr
     return obs
 
 
+def pytest_collection_modifyitems(config, items):
+    """Marks ``web`` every test here that needs the web stack (the ``web`` or ``browser`` fixture, or
+    ``@pytest.mark.web`` where it skips inline): CI's label step runs only these (``-m web``), the rest
+    having run with the whole suite."""
+    here = __import__("pathlib").Path(__file__).parent
+    for item in items:
+        if item.path.is_relative_to(here) and {"web", "browser"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.web)
+
+
 @pytest.fixture
 def web():
     """Skip without the web stack (the label extra)."""

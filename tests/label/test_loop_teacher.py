@@ -85,6 +85,7 @@ class _OracleTeacher:
 
 
 # ------------------------------------------------------------------ the driver with a person on the page
+@pytest.mark.web
 @pytest.mark.slow
 def test_a_person_who_compares_true_returns_gives_the_noiseless_synthetic_teachers_run(loops, oracle, tmp_path):
     """Over HTTP, answering each pair the page shows after fetching its clips.
@@ -379,6 +380,7 @@ class _DemoRun:
         return "".join(self.lines) + out
 
 
+@pytest.mark.web
 @pytest.mark.slow
 def test_human_teacher_on_an_env_without_a_renderer_is_a_clear_error(tmp_path, capsys):
     """``--teacher human`` on an environment id without a clip renderer: one line, exit 2."""
@@ -392,6 +394,7 @@ def test_human_teacher_on_an_env_without_a_renderer_is_a_clear_error(tmp_path, c
     assert code == 2 and "no renderer for environment 'gymnax:Acrobot-v1'" in err, err
 
 
+@pytest.mark.web
 @pytest.mark.slow
 def test_a_demo_run_killed_mid_round_resumes_with_every_label_and_ends_like_an_uninterrupted_one(loops, tmp_path):
     pytest.importorskip("starlette", reason=WEB_REASON)
@@ -450,6 +453,7 @@ def test_a_demo_run_killed_mid_round_resumes_with_every_label_and_ends_like_an_u
     assert buf_valid[-1] == sum(schedule) - skips
 
 
+@pytest.mark.web
 @pytest.mark.slow
 def test_ctrl_c_prints_one_line_and_a_fresh_run_never_resumes_the_earlier_one(loops, tmp_path):
     """SIGINT while round 1 waits on the page: one line on stderr (labels kept, --resume), exit 130, the open
