@@ -113,7 +113,7 @@ def describe(name: str) -> str:
         return "(not available in this install)"
     from .demos._args import doc_line
 
-    line = doc_line(DEMOS[name].rsplit(".", 1)[1])
+    line = doc_line(DEMOS[name].removeprefix("jaxweight.demos."))
     prefix = f"Demo ``{name}``: "
     if line.startswith(prefix):
         line = line[len(prefix):]

@@ -98,9 +98,11 @@ GRPO_STEPS = (300, 80)
 # ----------------------------------------------------------------------------- the parsers
 
 def doc_line(module: str, *, paragraph: bool = False) -> str:
-    """The first line (or first paragraph) of the docstring of ``jaxweight.demos.<module>``, read without
-    importing it ("" when it cannot be read)."""
-    path = Path(__file__).with_name(f"{module}.py")
+    """The first line (or first paragraph) of the docstring of ``jaxweight.demos.<module>`` (``"lm._demo"``:
+    a module of a package; ``"lm"``: the package's ``__init__``), read without importing it ("" when it
+    cannot be read)."""
+    path = Path(__file__).parent.joinpath(*module.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_name(path.name + ".py")
     try:
         doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
     except (OSError, SyntaxError, ValueError):
@@ -186,14 +188,14 @@ def _grpo() -> argparse.ArgumentParser:
 
 #: lm --compare: seeds per arm
 LM_COMPARE_SEEDS = 3
-#: lm --task countdown --study: the arms study's parts (``_countdown_study.PLAN``'s, by number)
+#: lm --task countdown --study: the arms study's parts (``lm._countdown_study.PLAN``'s, by number)
 STUDY_PARTS = ("0", "1", "2", "3")
 #: lm: the quick run's and --compare's arms; the study adds the two full_no_* ablations
 LM_ARMS = tuple(a for a in LM_ARM_FLAGS if not a.startswith("full_no_"))
 
 
 def _lm() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=_prog("lm"), description=doc_line("lm", paragraph=True))
+    p = argparse.ArgumentParser(prog=_prog("lm"), description=doc_line("lm._demo", paragraph=True))
     p.add_argument("--task", choices=TASKS, default="arithmetic",
                    help="arithmetic (default, this page's options) or countdown (ModeBench Countdown: "
                         "Dr.GRPO vs xDr.GRPO; `--task countdown --help` lists its options)")
@@ -241,7 +243,7 @@ COUNTDOWN_SWEEP_ARMS = ("drgrpo", *(f"xdr_tau{t:g}" for t in COUNTDOWN_SWEEP_TAU
 
 def _countdown() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=_prog("lm --task countdown"),
-                                description=doc_line("_countdown_demo", paragraph=True))
+                                description=doc_line("lm._countdown", paragraph=True))
     C.add_common_args(p, "lm-countdown", quick_help="tiny model and task, a few steps (a smoke run)")
     g = p.add_argument_group("countdown options")
     g.add_argument("--pool", choices=tuple(COUNTDOWN_POOLS), default=None,

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from jaxweight.demos import _countdown as C
-from jaxweight.demos import _lm_task
+from jaxweight.demos.lm import _countdown_task as C
+from jaxweight.demos.lm import _task
 
 
 def _canon_set(texts):
@@ -186,8 +186,8 @@ def test_splits_disjoint_sized_and_deterministic():
 
 
 def test_vocabulary_extends_the_arithmetic_one():
-    assert C.VOCAB[: len(_lm_task.VOCAB)] == _lm_task.VOCAB
-    assert (C.PAD, C.EOS) == (_lm_task.PAD, _lm_task.EOS) and C.VOCAB_SIZE == len(set(C.VOCAB))
+    assert C.VOCAB[: len(_task.VOCAB)] == _task.VOCAB
+    assert (C.PAD, C.EOS) == (_task.PAD, _task.EOS) and C.VOCAB_SIZE == len(set(C.VOCAB))
     # every prompt and every canonical solution of every candidate fits
     pool = C.candidates()
     assert (pool.prompts != C.PAD).any(axis=1).all()

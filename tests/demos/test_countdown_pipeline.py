@@ -13,10 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxweight.demos import _countdown as C
-from jaxweight.demos import _countdown_demo as D
-from jaxweight.demos import _countdown_pipeline as P
 from jaxweight.demos import lm
+from jaxweight.demos.lm import _countdown as D
+from jaxweight.demos.lm import _countdown_pipeline as P
+from jaxweight.demos.lm import _countdown_task as C
 
 TINY = dataclasses.replace(P.QUICK, arms=("drgrpo", "xdr_tau0.05"), n_train=16, n_eval=8, sft_steps=2, sft_batch=8,
                            d_model=16, d_ff=32, prompts=2, generations=4, train_seeds=1, eval_seeds=2, eval_samples=8,
@@ -164,7 +164,7 @@ def test_xdr_weights_move_the_update_where_rewards_differ(tiny):
     task, pipe, params = tiny
     # a warm start that writes the first train problem's solution: its groups are informative
     sol = jnp.asarray(task.train.solutions[:1, 0])
-    from jaxweight.demos._lm_pipeline import sft_program
+    from jaxweight.demos.lm._pipeline import sft_program
     p1, _ = sft_program(pipe.model, 60, 8, 3e-3)(jax.random.split(jax.random.key(3), 1), jnp.asarray(
         task.train.prompts[:1]), sol)
     data = jax.tree.map(lambda x: jnp.repeat(x[:1], x.shape[0], 0), pipe.train)      # only that problem

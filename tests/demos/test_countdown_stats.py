@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import statsmodels.api  # noqa: F401  (the extra this file tests; no skip: CI fails on a missing extra)
 
-from jaxweight.demos import _countdown_stats as ST
+from jaxweight.demos.lm import _stats as ST
 
 
 def _data(rng, s=3, e=3, p=40, effect=0.1):
@@ -105,7 +105,7 @@ def test_effect_across_runs_edge_cases():
 
 
 def test_runs_table_shows_the_run_clustered_regression_in_points():
-    from jaxweight.demos import _countdown_demo as D
+    from jaxweight.demos.lm import _countdown as D
 
     arm, base = _data(np.random.default_rng(5), s=4)
     e = {k: ST.effect_run_clustered(arm, base) for k in ("pass_at_8", "coverage_at_8", "mean_at_8")}

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxweight.demos import _countdown_demo as D
-from jaxweight.demos import _countdown_pipeline as P
-from jaxweight.demos import _countdown_study as S
+from jaxweight.demos.lm import _countdown as D
+from jaxweight.demos.lm import _countdown_pipeline as P
+from jaxweight.demos.lm import _countdown_study as S
 
 TINY = dataclasses.replace(P.QUICK, n_train=16, n_eval=8, sft_steps=2, sft_batch=8, d_model=16, d_ff=32, prompts=2,
                            generations=4, train_seeds=3, eval_seeds=1, eval_samples=8, steps=2, chunk=2)

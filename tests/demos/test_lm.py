@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from jaxweight import maxent as M
-from jaxweight.demos import _lm_model as LMM
-from jaxweight.demos import _lm_task as T
 from jaxweight.demos import lm
+from jaxweight.demos.lm import _model as LMM
+from jaxweight.demos.lm import _task as T
 
 
 # ------------------------------------------------------------------ task

@@ -13,10 +13,10 @@ from jaxweight.demos import lm
 
 def test_study_parts_resume_and_paired_analysis(tmp_path, capsys):
     """``--train-seeds``: parts of vmapped runs, a finished part never reruns, the analysis pairs by seed."""
-    from jaxweight.demos import _lm_study
+    from jaxweight.demos.lm import _study
 
     prim, abl = ["full", "grpo_uniform"], ["full_no_maxent", "full_no_curriculum"]
-    assert _lm_study.plan(5, 2, 2) == [
+    assert _study.plan(5, 2, 2) == [
         {"part": 0, "seed_offset": 0, "seeds": 2, "arms": prim}, {"part": 1, "seed_offset": 2, "seeds": 2, "arms": prim},
         {"part": 2, "seed_offset": 4, "seeds": 1, "arms": prim}, {"part": 3, "seed_offset": 0, "seeds": 2, "arms": abl}]
     argv = ["--quick", "--steps", "2", "--sft-steps", "1", "--eval-every", "2", "--out", str(tmp_path),
@@ -43,9 +43,9 @@ def test_study_parts_resume_and_paired_analysis(tmp_path, capsys):
     assert json.loads((tmp_path / "study.json").read_text())["analysis"]["primary"] == an["primary"]
     # the analysis of the part files on record is the study's own (the first part alone: not complete, no claim)
     files = [tmp_path / f"part-{i}" / "results.json" for i in (0, 1, 2)]
-    again = _lm_study.analyse_files(files, train_seeds=4, part_seeds=2, ablation_seeds=2)
+    again = _study.analyse_files(files, train_seeds=4, part_seeds=2, ablation_seeds=2)
     assert again == an
-    early = _lm_study.analyse_files(files[:1], train_seeds=4, part_seeds=2, ablation_seeds=2)
+    early = _study.analyse_files(files[:1], train_seeds=4, part_seeds=2, ablation_seeds=2)
     assert early["pairs"] == 2 and not early["complete"] and early["primary_claim"] is None
     with pytest.raises(ValueError, match="the plan has 3 parts, got 4 files"):
-        _lm_study.analyse_files(files + files[:1], train_seeds=4, part_seeds=2, ablation_seeds=2)
+        _study.analyse_files(files + files[:1], train_seeds=4, part_seeds=2, ablation_seeds=2)

@@ -38,8 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _lm_task
-from ._args import COUNTDOWN_POOLS as POOLS  # the paper's (its generator's filters) and targets up to 99
+from . import _task
+from .._args import COUNTDOWN_POOLS as POOLS  # the paper's (its generator's filters) and targets up to 99
 
 __all__ = [
     "VOCAB", "PAD", "EOS", "VOCAB_SIZE", "PROMPT_LEN", "COMPLETION_LEN", "NUMBERS", "TARGET_MAX", "POOLS",
@@ -51,8 +51,8 @@ __all__ = [
 ]
 
 # the arithmetic task's symbols keep their ids (PAD 0, digits 1..10, + - = 11..13, EOS 14)
-VOCAB = _lm_task.VOCAB + ("*", "/", "(", ")", ",", ":")
-PAD, EOS = _lm_task.PAD, _lm_task.EOS
+VOCAB = _task.VOCAB + ("*", "/", "(", ")", ",", ":")
+PAD, EOS = _task.PAD, _task.EOS
 VOCAB_SIZE = len(VOCAB)
 NUMBERS = tuple(range(2, 13))
 TARGET_MAX = 36              # the paper's generator: targets 1..36

@@ -13,7 +13,7 @@ them, each at 32 training runs on the same split, warm starts and sampling keys 
   ``drgrpo_graded``, ``xdr_tau0.05_graded`` and ``xdr_classmean_tau0.05_graded``, paired within
   the part (its own warm starts: 16 training seeds).
 
-Each part is one vmapped :func:`._countdown_demo.run` under ``--out/part-p/``; a finished part
+Each part is one vmapped :func:`._countdown.run` under ``--out/part-p/``; a finished part
 (``results.json`` with ``finished``) is never run again, and parts of the same training-seed
 count share one warm start, computed once and kept in ``--out/warm-start-<S>.jwc``.
 
@@ -59,7 +59,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _countdown_stats as ST
+from . import _stats as ST
 
 __all__ = ["PLAN", "REFERENCE", "REFERENCE_ARMS", "COMPARISONS", "METRICS", "plan", "pairing_check", "warm_start_check", "analyse",
            "analyse_files", "run_study"]
@@ -201,7 +201,7 @@ def analyse(parts: list[tuple[dict, dict]], reference: dict) -> dict:
 def analyse_files(files: list[str | Path], reference: str | Path = REFERENCE) -> dict:
     """:func:`analyse` over part files on record (``files[p]`` is part ``p``'s results)::
 
-        python -m jaxweight.demos._countdown_study bench/results/countdown-study/part-0-cpu-2core.json
+        python -m jaxweight.demos.lm._countdown_study bench/results/countdown-study/part-0-cpu-2core.json
     """
     parts = plan()
     if len(files) > len(parts):
@@ -223,10 +223,10 @@ def run_study(cfg, *, seed: int, out: Path, reference: str | Path, run, log, par
 
     ``cfg`` is the study's base configuration (the demo's defaults); each part replaces its arms
     and training seeds. ``run(cfg, seed=, out=, warm_start_file=, progress=)`` is
-    :func:`._countdown_demo.run`. ``parts``: the unfinished parts to run in this call, in that
+    :func:`._countdown.run`. ``parts``: the unfinished parts to run in this call, in that
     order (default: every part, in plan order); the order changes nothing in a part's results.
     """
-    from . import _common
+    from .. import _common
 
     ref = json.loads(Path(reference).read_text())
     t0 = time.perf_counter()
@@ -277,7 +277,7 @@ def run_study(cfg, *, seed: int, out: Path, reference: str | Path, run, log, par
 if __name__ == "__main__":
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m jaxweight.demos._countdown_study",
+    ap = argparse.ArgumentParser(prog="python -m jaxweight.demos.lm._countdown_study",
                                  description="the Countdown arms study's pre-registered analysis over its part files")
     ap.add_argument("files", nargs="+", help="part-0's results.json, part-1's, ...")
     ap.add_argument("--reference", default=REFERENCE, help=f"the recorded 32-run study (default {REFERENCE})")

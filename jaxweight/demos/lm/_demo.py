@@ -3,13 +3,13 @@
 ``python -m jaxweight demo lm [--quick] [--compare] [--out DIR] [--steps N] [--seeds S] [--arms a,b] ...``
 
 ``--task countdown`` runs the other task instead, ModeBench Countdown with Dr.GRPO against
-xDr.GRPO and the paper's evaluation (:mod:`._countdown_demo`); this page is the arithmetic task.
+xDr.GRPO and the paper's evaluation (:mod:`._countdown`); this page is the arithmetic task.
 
 A 2-layer causal transformer (flax, character vocabulary) answers ``a+b`` / ``a-b`` with 1 to 4
 digit operands. Every distinct problem is in one split (train / validation / held-out, by a hash):
 the RL pool and the warm start use train problems only. After a supervised warm start (the frozen
 warm-start model is also the reference policy), **one jitted function** does a whole GRPO step
-(:mod:`._lm_pipeline`): level-balanced fresh draws, or a fresh problem inside a task bucket
+(:mod:`._pipeline`): level-balanced fresh draws, or a fresh problem inside a task bucket
 (digits x operation x carries) the curriculum picks; the actor samples ``G`` completions per
 prompt (oversampled: dynamic sampling keeps the groups with a signal); the reward is an exact
 match of the answer; :func:`jaxweight.maxent.step` turns rewards and reference log-probs into
@@ -41,10 +41,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import checkpoint as ckpt
-from . import _args, _common
-from ._args import LM_COMPARE_SEEDS as COMPARE_SEEDS
-from ._lm_pipeline import (
+from ... import checkpoint as ckpt
+from .. import _args, _common
+from .._args import LM_COMPARE_SEEDS as COMPARE_SEEDS
+from ._pipeline import (
     ARM_FLAGS,
     ARMS,
     EVAL_SETS,
@@ -61,7 +61,7 @@ from ._lm_pipeline import (
     make_task,
     warm_start,
 )
-from ._lm_task import N_BUCKETS, N_LEVELS, bucket_name
+from ._task import N_BUCKETS, N_LEVELS, bucket_name
 
 __all__ = ["LMConfig", "QUICK", "ARMS", "ARM_FLAGS", "Parts", "Task", "make_task", "warm_start", "Pipeline",
            "make_pipeline", "run", "main", "device_rewards", "device_cluster_ids", "pass_at_k", "COMPARE_SEEDS"]
@@ -440,7 +440,7 @@ def plot(plt, res: dict):
 def main(argv: list[str] | None = None) -> int:
     task, rest = _args.split_task(argv)
     if task == "countdown":
-        from ._countdown_demo import main as countdown_main
+        from ._countdown import main as countdown_main
 
         return countdown_main(rest)
     p = _args.parser("lm")
@@ -497,10 +497,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _study_main(a, cfg: LMConfig, out: Path, log) -> int:
-    from . import _lm_study
+    from . import _study
 
     _common.require_extra("statsmodels", "stats", "demo lm --train-seeds")
-    st = _lm_study.run_study(cfg, train_seeds=a.train_seeds, part_seeds=a.part_seeds,
+    st = _study.run_study(cfg, train_seeds=a.train_seeds, part_seeds=a.part_seeds,
                              ablation_seeds=a.ablation_seeds, seed=a.seed, out=out, resume=a.resume,
                              checkpoint=not a.no_checkpoint, run=run, log=log or (lambda s: None))
     an = st["analysis"]

@@ -15,7 +15,7 @@ The analysis below was fixed in code before any study run:
 - **primary**: the paired run-level difference ``full - grpo_uniform`` of the final held-out
   greedy accuracy over 2-4 digits (``heldout_hard_accuracy_final``): mean, Student-t 95%
   interval over pairs and the two-sided Wilcoxon signed-rank p
-  (:func:`._countdown_stats.paired_runs`). The headline claim holds if the interval excludes 0.
+  (:func:`._stats.paired_runs`). The headline claim holds if the interval excludes 0.
 - **secondary** (reported, no claim on their own): the same difference of pass@8 and of the
   sampled token entropy at the end; the ablations ``full - full_no_maxent`` and
   ``full - full_no_curriculum`` on the primary metric over their pairs.
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._countdown_stats import paired_runs
+from ._stats import paired_runs
 
 __all__ = ["PRIMARY", "SECONDARY", "ABLATIONS", "plan", "analyse", "analyse_files"]
 
@@ -122,7 +122,7 @@ def run_study(cfg, *, train_seeds: int, part_seeds: int, ablation_seeds: int, se
              "wall_seconds_this_call": time.perf_counter() - t0,
              "part_wall_seconds": [r.get("wall_seconds") for _, r in done],
              "parts": [str(out / f"part-{p['part']}" / "results.json") for p in parts]}
-    from . import _common
+    from .. import _common
 
     _common.write_results(out, study, "study.json")
     return study
@@ -133,7 +133,7 @@ def analyse_files(files: list[str | Path], *, train_seeds: int, part_seeds: int,
 
     The analysis of a study still running (``complete`` False, no claim) or of its committed parts::
 
-        python -m jaxweight.demos._lm_study --train-seeds 16 --part-seeds 4 --ablation-seeds 8 \\
+        python -m jaxweight.demos.lm._study --train-seeds 16 --part-seeds 4 --ablation-seeds 8 \\
             bench/results/lm-study/part-0-cpu-2core.json bench/results/lm-study/part-1-cpu-2core.json
     """
     parts = plan(train_seeds, part_seeds, ablation_seeds)
@@ -145,7 +145,7 @@ def analyse_files(files: list[str | Path], *, train_seeds: int, part_seeds: int,
 if __name__ == "__main__":
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m jaxweight.demos._lm_study",
+    ap = argparse.ArgumentParser(prog="python -m jaxweight.demos.lm._study",
                                  description="the study's pre-registered analysis over its part files, in part order")
     ap.add_argument("files", nargs="+", help="part-0's results.json, part-1's, ...")
     ap.add_argument("--train-seeds", type=int, default=16)

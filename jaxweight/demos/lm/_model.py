@@ -22,7 +22,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from ._lm_task import EOS, PAD, VOCAB_SIZE
+from ._task import EOS, PAD, VOCAB_SIZE
 
 __all__ = ["TinyLM", "Samples", "sample", "sequence_logp", "sequence_logp_entropy", "completion_mask"]
 

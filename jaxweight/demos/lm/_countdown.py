@@ -1,6 +1,6 @@
 """``python -m jaxweight demo lm --task countdown``: does candidate-level exploration (xDr.GRPO) find more answers?
 
-ModeBench Countdown (:mod:`._countdown`): 384 train and 128 eval problems, each with 2 to 8
+ModeBench Countdown (:mod:`._countdown_task`): 384 train and 128 eval problems, each with 2 to 8
 distinct canonical solutions ("modes"), from the paper's pool (targets 1..36, none equal to one
 of the numbers; ``--pool full``: targets up to 99). The demo's ``TinyLM`` gets a supervised warm
 start on the pool's single-mode problems (disjoint from both splits: it learns the format and
@@ -11,7 +11,7 @@ the paper's: the final checkpoint, per eval prompt K = 8 samples at temperature 
 greedy completion, for each of the evaluation seeds: greedy pass@1, pass@8, mean@8, distinct@8
 (distinct correct modes) and coverage@8 (distinct@8 / the prompt's modes).
 
-The primary analysis (:mod:`._countdown_stats`, statsmodels and scipy: the ``stats`` extra) takes
+The primary analysis (:mod:`._stats`, statsmodels and scipy: the ``stats`` extra) takes
 the training run as the unit: per training seed the paired difference of two arms, then the
 mean, a t interval and a Wilcoxon p over runs; mean@8 is judged flat by TOST at +-3 points;
 take-off shares by Fisher's exact test. The paper's regression (seed fixed effects,
@@ -37,10 +37,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._install import install_hint
-from . import _args, _common
-from . import _countdown as C
-from . import _countdown_stats as ST
+from ..._install import install_hint
+from .. import _args, _common
+from . import _countdown_task as C
+from . import _stats as ST
 from ._countdown_pipeline import (ARM_SETTINGS, METRICS, QUICK, SWEEP_TAUS, CountdownConfig,
                                   make_pipeline, make_task, warm_start)
 
@@ -68,7 +68,7 @@ def _warm_start_key(cfg: CountdownConfig, seed: int) -> dict:
 def _warm_start(cfg, task, k_sft, seed, path):
     """``(params [S, ...], final losses f32[S])``: from ``path`` where it holds this warm start, else
     trained (and kept at ``path`` when given)."""
-    from .. import checkpoint
+    from ... import checkpoint
 
     key = _warm_start_key(cfg, seed)
     keys = jax.random.split(k_sft, cfg.train_seeds)

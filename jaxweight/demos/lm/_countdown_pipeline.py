@@ -29,11 +29,11 @@ set by the arm's array leaves (:class:`ArmParams`), so arms and seeds share one 
   advantage (the LM demo's ``full`` arm), one controller state per run;
 * ``drgrpo_lr2x`` / ``drgrpo_lr4x``: Dr.GRPO with Adam's step times 2 or 4 (the learning rate
   2x and 4x: Adam's update is linear in it);
-* ``*_graded``: the graded reward (:func:`._countdown.device_graded_reward`: 1 correct, up to
+* ``*_graded``: the graded reward (:func:`._countdown_task.device_graded_reward`: 1 correct, up to
   ``GRADED_CREDIT`` for a well-formed answer by its distance to the target) in place of
   correctness; a program runs graded arms only or binary arms only.
 
-The reward is correctness (:func:`._countdown.device_verify`) unless the arms are graded; mode
+The reward is correctness (:func:`._countdown_task.device_verify`) unless the arms are graded; mode
 ids, pass@G and the incorrect-mass diagnostics always use correctness; mode ids are never rewarded.
 """
 
@@ -50,14 +50,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .. import maxent as M
-from . import _countdown as C
-from ._lm_model import TinyLM, sample, sequence_logp_entropy
-from ._args import COUNTDOWN_ARM_SETTINGS as ARM_SETTINGS
-from ._args import COUNTDOWN_ARMS as ARMS
-from ._args import COUNTDOWN_DEFAULT_ARMS as DEFAULT_ARMS
-from ._args import COUNTDOWN_SWEEP_TAUS as SWEEP_TAUS
-from ._lm_pipeline import sft_program
+from ... import maxent as M
+from . import _countdown_task as C
+from ._model import TinyLM, sample, sequence_logp_entropy
+from .._args import COUNTDOWN_ARM_SETTINGS as ARM_SETTINGS
+from .._args import COUNTDOWN_ARMS as ARMS
+from .._args import COUNTDOWN_DEFAULT_ARMS as DEFAULT_ARMS
+from .._args import COUNTDOWN_SWEEP_TAUS as SWEEP_TAUS
+from ._pipeline import sft_program
 
 __all__ = ["ARM_SETTINGS", "ARMS", "DEFAULT_ARMS", "CONTROL_ARMS", "SWEEP_TAUS", "class_mean_weights", "maxent_config", "METRICS", "CountdownConfig", "QUICK",
            "ArmParams", "arm_params", "CountdownTask", "make_task", "warm_start", "eval_metrics", "Pipeline",
@@ -197,7 +197,7 @@ def class_mean_weights(weights: jax.Array, reward: jax.Array) -> jax.Array:
 # ======================================================================= task
 @dataclasses.dataclass(frozen=True)
 class CountdownTask:
-    """``train`` / ``eval`` :class:`._countdown.Problems` (2-8 modes, disjoint by numbers and
+    """``train`` / ``eval`` :class:`._countdown_task.Problems` (2-8 modes, disjoint by numbers and
     target) and ``sft``: the single-mode problems of the warm start (disjoint from both)."""
 
     train: C.Problems
@@ -246,7 +246,7 @@ def eval_metrics(samples: jax.Array, greedy: jax.Array, data: dict) -> dict:
       seed), ``pass_at_8`` (any of the K is correct), ``mean_at_8`` (share correct),
       ``distinct_at_8`` (distinct correct canonical modes among the K) and ``coverage_at_8``
       (distinct_at_8 / the problem's mode count). Mode identity is read from the canonical
-      form (:func:`._countdown.device_mode_ids`), never from the text.
+      form (:func:`._countdown_task.device_mode_ids`), never from the text.
     """
     def one(tok):
         r, code = C.device_verify(tok, data["numbers"], data["target"])

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import maxent as M
+from ... import maxent as M
 
 __all__ = [
     "VOCAB", "PAD", "EOS", "VOCAB_SIZE", "PROMPT_LEN", "COMPLETION_LEN", "N_LEVELS",

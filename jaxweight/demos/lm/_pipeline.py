@@ -22,13 +22,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .. import curriculum as cur
-from .. import maxent as M
-from .. import sync as S
-from ._args import LM_ARM_FLAGS as ARM_FLAGS
-from ._args import LM_ARMS as ARMS
-from ._lm_model import TinyLM, completion_mask, sample, sequence_logp
-from ._lm_task import (COMPLETION_LEN, EOS, N_BUCKETS, N_LEVELS, PROMPT_LEN, Pool, bucket_of, make_pool,
+from ... import curriculum as cur
+from ... import maxent as M
+from ... import sync as S
+from .._args import LM_ARM_FLAGS as ARM_FLAGS
+from .._args import LM_ARMS as ARMS
+from ._model import TinyLM, completion_mask, sample, sequence_logp
+from ._task import (COMPLETION_LEN, EOS, N_BUCKETS, N_LEVELS, PROMPT_LEN, Pool, bucket_of, make_pool,
                        make_split_set, stratified)
 
 __all__ = ["LMConfig", "QUICK", "ARMS", "ARM_FLAGS", "Parts", "Task", "make_task", "warm_start", "Pipeline",
@@ -291,7 +291,7 @@ def sft_program(model: TinyLM, steps: int, batch: int, lr: float):
 def device_rewards(tokens: jax.Array, targets: jax.Array) -> jax.Array:
     """f32[P, G]: exact match of each completion ``tokens i32[P, G, L]`` with ``targets i32[P, L]``.
 
-    Equal to ``_lm_task.host_rewards`` (``maxent.extract_answer`` of the rendered text).
+    Equal to ``_task.host_rewards`` (``maxent.extract_answer`` of the rendered text).
     """
     return jnp.all(tokens == targets[:, None, :], axis=-1).astype(jnp.float32)
 
