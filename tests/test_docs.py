@@ -19,16 +19,38 @@ install, e.g. tunix: the block runs in :func:`test_docs_page_with_extra`, after 
 blocks, where ``MODULE`` imports, and is skipped where it does not) and
 ``<!-- docs:no-run REASON -->`` (code for a cluster of processes; ``REASON`` says which test
 runs its equivalent). Both are rare on purpose.
+
+Two markers make a page show what its code does:
+
+- ``<!-- docs:output -->`` on the line before a ```` ```text ```` block: the block is what the
+  page's preceding ```` ```python ```` block prints (its stdout, captured while it runs). The test
+  fails, naming the page and line, unless the two are equal line by line (trailing whitespace
+  stripped, leading and trailing blank lines ignored). Examples therefore print rounded,
+  deterministic values (``f"{x:.3f}"``, fixed keys, CPU). Output of a ``docs:needs`` block is
+  checked where that block runs; a ``docs:no-run`` block shows no output.
+- ``<!-- docs:figure img/NAME.png -->`` on the line before a ```` ```python ```` block: the block
+  writes ``NAME.png`` into its working directory (the test's temporary directory) and the test
+  fails unless it did, unless the file is a PNG, unless ``docs/img/NAME.png`` is committed and
+  unless the page shows it (an image link with an alt text to ``img/NAME.png`` as seen from the
+  page: ``../img/NAME.png`` from ``guides/``). The committed figure is made by the same code:
+  ``JAXWEIGHT_DOCS_WRITE_FIGURES=1 python -m pytest -q tests/test_docs.py -k PAGE`` copies each
+  written file to ``docs/img/NAME.png`` (then ``git add`` it). Figures use matplotlib (the Agg
+  backend, which tests/conftest.py sets) and stay small (``figsize=(6, 3.2), dpi=100``: a PNG
+  under ~80 KB).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import importlib.util
 import io
+import os
 import re
 import shlex
+import shutil
+import subprocess
 import sys
 import textwrap
 import types
@@ -44,7 +66,11 @@ RUN_LANGS = {"python", "bash"}
 SHELL_LANGS = {"bash", "sh", "shell", "console"}   # all read as bash blocks
 SHOWN_LANGS = {"text", "json", "yaml", "toml"}
 _FENCE = re.compile(r"^(\s*)(`{3,})\s*([\w+-]*)[^\n]*$")
-_MARK = re.compile(r"^\s*<!--\s*docs:(needs|no-run)\s*(.*?)\s*-->\s*$")
+_MARK = re.compile(r"^\s*<!--\s*docs:(needs|no-run|output|figure)\s*(.*?)\s*-->\s*$")
+_FIGURE = re.compile(r"img/[\w.-]+\.png")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: set to 1 to copy the figures the pages' code draws to docs/img (how the committed ones are made)
+WRITE_FIGURES = os.environ.get("JAXWEIGHT_DOCS_WRITE_FIGURES", "") == "1"
 
 
 @dataclass
@@ -55,6 +81,8 @@ class Block:
     code: str
     needs: str | None = None    # <!-- docs:needs MODULE -->
     no_run: str | None = None   # <!-- docs:no-run REASON -->
+    output: bool = False        # <!-- docs:output --> (a text block: what the python block before prints)
+    figure: str | None = None   # <!-- docs:figure img/NAME.png --> (a python block draws it)
 
     @property
     def where(self) -> str:
@@ -78,7 +106,11 @@ def blocks(text: str, page: str) -> list[Block]:
             j += 1
         b = Block(page, i + 1, lang, textwrap.dedent("\n".join(body)) + "\n")
         if mark:
-            setattr(b, "needs" if mark.group(1) == "needs" else "no_run", mark.group(2))
+            kind, arg = mark.group(1), mark.group(2)
+            if kind == "output":
+                b.output = True
+            else:
+                setattr(b, {"needs": "needs", "no-run": "no_run", "figure": "figure"}[kind], arg)
         out.append(b)
         i = j + 1
     return out
@@ -94,19 +126,119 @@ def page_blocks(page: str) -> list[Block]:
 
 # ----------------------------------------------------------------------------- python blocks
 
-def run_python(bs: list[Block], ns: dict | None = None) -> dict:
-    """Runs the blocks in order in one namespace; a block that raises fails the test naming it."""
+def run_python(bs: list[Block], ns: dict | None = None, printed: dict[int, str] | None = None) -> dict:
+    """Runs the blocks in order in one namespace; a block that raises fails the test naming it.
+
+    Each block's stdout is captured into ``printed`` (opening line -> text) and echoed after it; a
+    block marked ``docs:figure`` must write its PNG into the working directory (:func:`check_drawn`).
+    """
     if ns is None:
         # a real module in sys.modules: dataclasses (flax.struct too) look their class's module up there
         mod = types.ModuleType("__docs__")
         sys.modules["__docs__"] = mod
         ns = mod.__dict__
     for b in bs:
+        drawn = Path.cwd() / Path(b.figure).name if b.figure else None
+        if drawn is not None:
+            drawn.unlink(missing_ok=True)   # an earlier block's file does not count
+        out = io.StringIO()
         try:
-            exec(compile(b.code, b.where, "exec"), ns)  # noqa: S102 - the docs' own code
+            with contextlib.redirect_stdout(out):
+                exec(compile(b.code, b.where, "exec"), ns)  # noqa: S102 - the docs' own code
         except Exception as e:  # the message says which page and block broke
             pytest.fail(f"{b.where} raised {type(e).__name__}: {e}\n{b.code}", pytrace=False)
+        finally:
+            sys.stdout.write(out.getvalue())
+        if printed is not None:
+            printed[b.line] = out.getvalue()
+        if drawn is not None:
+            check_drawn(b, drawn)
     return ns
+
+
+# ----------------------------------------------------------------------------- shown output
+
+def _shown(text: str) -> list[str]:
+    """Lines as compared: trailing whitespace stripped, leading and trailing blank lines dropped."""
+    lines = [ln.rstrip() for ln in text.splitlines()]
+    while lines and not lines[0]:
+        lines.pop(0)
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def check_outputs(bs: list[Block], printed: dict[int, str]) -> int:
+    """Every ``docs:output`` text block equals what the python block before it printed; returns how
+    many were compared (an output of a block that ran elsewhere, ``docs:needs``, is left to that run)."""
+    n = 0
+    for i, b in enumerate(bs):
+        if not b.output:
+            continue
+        src = next((p for p in reversed(bs[:i]) if p.lang == "python"), None)
+        if src is None or src.no_run is not None:
+            pytest.fail(f"{b.where}: docs:output shows what a python block before it prints, and "
+                        f"{'none runs' if src is None else f'the block at line {src.line} is docs:no-run'}",
+                        pytrace=False)
+        if src.line not in printed:
+            continue
+        got, want = _shown(printed[src.line]), _shown(b.code)
+        if got != want:
+            diff = "\n".join(difflib.unified_diff(want, got, "shown", "printed", lineterm=""))
+            pytest.fail(f"{b.where}: the output shown is not what the block at line {src.line} prints:\n"
+                        f"{diff}", pytrace=False)
+        n += 1
+    return n
+
+
+# ----------------------------------------------------------------------------- figures
+
+def _committed(path: Path) -> bool:
+    """Whether git tracks ``path`` (True where the tree is no git checkout: nothing to ask)."""
+    if not (REPO / ".git").exists() or shutil.which("git") is None:
+        return True
+    rel = path.relative_to(REPO).as_posix()
+    return subprocess.run(["git", "ls-files", "--error-unmatch", rel], cwd=REPO,
+                          capture_output=True).returncode == 0
+
+
+def check_figure_marks(bs: list[Block], text: str, docs: Path | None = None) -> int:
+    """Every ``docs:figure img/NAME.png`` names a committed file of ``docs/img`` that the page shows
+    with an alt text; returns how many figures the page draws."""
+    docs = DOCS if docs is None else docs
+    n = 0
+    for b in bs:
+        if b.figure is None:
+            continue
+        n += 1
+        if not _FIGURE.fullmatch(b.figure):
+            pytest.fail(f"{b.where}: docs:figure names img/NAME.png (docs-relative), got {b.figure!r}",
+                        pytrace=False)
+        rel = os.path.relpath(docs / b.figure, (docs / b.page).parent).replace(os.sep, "/")
+        if not re.search(r"!\[[^\]]*\S[^\]]*\]\(" + re.escape(rel) + r"(\s+\"[^\"]*\")?\)", text):
+            pytest.fail(f"{b.where}: the page draws {b.figure} but does not show it: add "
+                        f"![what it shows]({rel}) (with an alt text)", pytrace=False)
+        if not WRITE_FIGURES:
+            committed = docs / b.figure
+            if not committed.is_file() or not _committed(committed):
+                pytest.fail(f"{b.where}: docs/{b.figure} is not committed: make it with "
+                            f"JAXWEIGHT_DOCS_WRITE_FIGURES=1 python -m pytest tests/test_docs.py -k "
+                            f"{Path(b.page).stem} and git add it", pytrace=False)
+    return n
+
+
+def check_drawn(b: Block, drawn: Path) -> None:
+    """The block wrote its figure, a PNG; with ``JAXWEIGHT_DOCS_WRITE_FIGURES=1`` it is copied to docs/."""
+    if not drawn.is_file():
+        pytest.fail(f"{b.where}: docs:figure {b.figure}: the block wrote no {drawn.name} in its working "
+                    f"directory", pytrace=False)
+    with drawn.open("rb") as f:
+        if f.read(len(PNG_SIGNATURE)) != PNG_SIGNATURE:
+            pytest.fail(f"{b.where}: docs:figure {b.figure}: {drawn.name} is not a PNG", pytrace=False)
+    if WRITE_FIGURES:
+        dest = DOCS / b.figure
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(drawn, dest)
 
 
 # ----------------------------------------------------------------------------- bash blocks
@@ -208,14 +340,23 @@ def test_docs_page(page, monkeypatch, tmp_path):
         if b.lang not in RUN_LANGS | SHELL_LANGS | SHOWN_LANGS:
             pytest.fail(f"{b.where}: a code block needs a language (python, bash, text, json, yaml or "
                         f"toml), got {b.lang or 'none'!r}", pytrace=False)
-        if (b.needs is not None or b.no_run is not None) and b.lang != "python":
-            pytest.fail(f"{b.where}: docs:needs / docs:no-run mark python blocks only", pytrace=False)
-        if b.needs == "" or b.no_run == "":
-            pytest.fail(f"{b.where}: docs:needs names a module, docs:no-run a reason", pytrace=False)
+        if (b.needs is not None or b.no_run is not None or b.figure is not None) and b.lang != "python":
+            pytest.fail(f"{b.where}: docs:needs / docs:no-run / docs:figure mark python blocks only",
+                        pytrace=False)
+        if b.output and b.lang != "text":
+            pytest.fail(f"{b.where}: docs:output marks text blocks only", pytrace=False)
+        if b.needs == "" or b.no_run == "" or b.figure == "":
+            pytest.fail(f"{b.where}: docs:needs names a module, docs:no-run a reason, docs:figure a file",
+                        pytrace=False)
+        if b.figure is not None and b.no_run is not None:
+            pytest.fail(f"{b.where}: a docs:figure block must run", pytrace=False)
+    check_figure_marks(bs, (DOCS / page).read_text(encoding="utf-8"))
     for b in bs:
         if b.lang in SHELL_LANGS:
             check_bash(b, monkeypatch)
-    run_python([b for b in bs if b.lang == "python" and b.needs is None and b.no_run is None])
+    printed: dict[int, str] = {}
+    run_python([b for b in bs if b.lang == "python" and b.needs is None and b.no_run is None], printed=printed)
+    check_outputs(bs, printed)
 
 
 _WITH_EXTRA = [p for p in _pages() if any(b.needs for b in page_blocks(p))]
@@ -228,7 +369,9 @@ def test_docs_page_with_extra(page, monkeypatch, tmp_path):
     for mod in sorted({b.needs for b in bs if b.needs}):
         pytest.importorskip(mod)
     monkeypatch.chdir(tmp_path)
-    run_python(bs)
+    printed: dict[int, str] = {}
+    run_python(bs, printed=printed)
+    check_outputs(page_blocks(page), printed)
 
 
 def test_docs_pages_found():
@@ -263,6 +406,60 @@ def test_markers_and_languages():
     a, b, c = blocks(text, "p.md")
     assert (a.needs, a.no_run, b.needs, b.no_run, c.lang) == ("tunix", None, None,
                                                              "needs 2 processes: tests/test_multihost.py", "bash")
+
+
+def test_output_marker_compares_what_the_block_before_prints(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    page = ("```python\nprint(f'{2 / 3:.3f}')   \nprint('b')\n```\n\n<!-- docs:output -->\n"
+            "```text\n\n0.667\nb   \n\n```\n```python\nprint('c')\n```\n<!-- docs:output -->\n```text\nd\n```\n")
+    bs = blocks(page, "guides/shown.md")
+    assert [(b.lang, b.output) for b in bs] == [("python", False), ("text", True), ("python", False),
+                                                 ("text", True)]
+    printed: dict[int, str] = {}
+    run_python(bs[:1], printed=printed)
+    assert check_outputs(bs[:2], printed) == 1   # trailing spaces and the blank lines around do not count
+    run_python(bs[2:3], printed=printed)
+    with pytest.raises(pytest.fail.Exception,
+                       match=r"docs/guides/shown\.md, block at line 17: the output shown is not what the "
+                             r"block at line 13 prints(?s:.*)-d\n\+c"):
+        check_outputs(bs, printed)
+    lone = blocks("<!-- docs:output -->\n```text\n1\n```\n", "p.md")
+    with pytest.raises(pytest.fail.Exception, match="none runs"):
+        check_outputs(lone, {})
+
+
+def test_figure_marker_needs_the_png_written_committed_and_shown(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    docs = tmp_path / "docs"
+    draw = ("```python\nfrom pathlib import Path\nPath('g.png').write_bytes(b'\\x89PNG\\r\\n\\x1a\\n' + bytes(8))\n"
+            "```\n")
+    text = f"<!-- docs:figure img/g.png -->\n{draw}\n![three weight traces over 50 steps](../img/g.png)\n"
+    (b,) = blocks(text, "guides/fig.md")
+    assert b.figure == "img/g.png"
+    (docs / "img").mkdir(parents=True)
+    (docs / "img" / "g.png").write_bytes(PNG_SIGNATURE)
+    monkeypatch.setattr(sys.modules[__name__], "_committed", lambda path: True)
+    assert check_figure_marks([b], text, docs) == 1
+    run_python([b])                                   # it wrote g.png: check_drawn passes
+    for unshown in (text.replace("![three weight traces over 50 steps]", "[a link]"),   # a link, not an image
+                    text.replace("three weight traces over 50 steps", ""),              # no alt text
+                    text.replace("../img/g.png)", "img/g.png)")):                       # the wrong depth
+        with pytest.raises(pytest.fail.Exception, match=r"docs/guides/fig\.md.*does not show it"):
+            check_figure_marks([b], unshown, docs)
+    monkeypatch.setattr(sys.modules[__name__], "_committed", lambda path: False)
+    with pytest.raises(pytest.fail.Exception, match="is not committed"):
+        check_figure_marks([b], text, docs)
+    silent = blocks("<!-- docs:figure img/g.png -->\n```python\nx = 1\n```\n", "guides/fig.md")
+    with pytest.raises(pytest.fail.Exception, match=r"block at line 2: docs:figure img/g\.png: the block wrote no g\.png"):
+        run_python(silent)
+    not_png = blocks("<!-- docs:figure img/g.png -->\n```python\nPath('g.png').write_text('hi')\n```\n", "p.md")
+    with pytest.raises(pytest.fail.Exception, match="is not a PNG"):
+        run_python(not_png, {"Path": Path})
+    monkeypatch.setattr(sys.modules[__name__], "WRITE_FIGURES", True)
+    monkeypatch.setattr(sys.modules[__name__], "DOCS", docs)
+    (docs / "img" / "g.png").unlink()
+    run_python([b])                                   # the written figure is copied to docs/img
+    assert (docs / "img" / "g.png").read_bytes() == PNG_SIGNATURE + bytes(8)
 
 
 def test_bash_lines_are_parsed_not_run(monkeypatch):
