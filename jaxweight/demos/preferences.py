@@ -53,7 +53,9 @@ page (:mod:`jaxweight.label`, the ``label`` extra): the demo prints its URL
 (with a secret token) and every round waits until the person has compared the
 round's pairs, then goes on with its compiled phases. One seed, and a run
 sized for a person: 300 comparisons over 16 rounds, 30 in the first, then 26
-down to 13 (quick: 80, 8 to 20 a round). Every label
+down to 13 (quick: 80; on CartPole 24 in the first round, episodes of 100
+steps and exploring episodes, so that about 20 pairs with something to judge
+come in the first two minutes). Every label
 is in ``checkpoints/<env>[_quick]/labels.jsonl``, next to the checkpoint, before
 the page hears OK; ``--resume`` after a kill goes on from the last finished
 round and reuses the labels already given for the next one.
@@ -96,12 +98,21 @@ if TYPE_CHECKING:  # the driver needs gymnax (the rl extra): imported where it i
 
 DEFAULT_OUT = "jaxweight-out/preferences/"
 GOAL_RETURN = {"cartpole": 450.0}
+#: the goal's share of the episode when a run sets its own horizon (CartPole pays 1 a live step: 450 of 500)
+GOAL_RETURN_SHARE = 0.9
 GOAL_ACCURACY = 0.90
 GOAL_WALL_S = 600.0
 #: a full brax run's goal: (learned - random) / (true - random) at the same budget, mean over seeds
 GOAL_NORMALISED = 0.8
-#: the settings of a run labelled by a person, full and quick: 30 comparisons in round 0, then 8 to 26 a round
+#: the settings of a run labelled by a person, full and quick (full: 30 comparisons in round 0, then 13 to 26 a
+#: round)
 HUMAN_SETTINGS = {False: dict(total_comparisons=300, num_iterations=15), True: dict(total_comparisons=80)}
+#: the quick CartPole run labelled by a person: two minutes of a person's time with something to judge. Its
+#: episodes last 100 steps, not 500 (an untrained agent falls within ~20 steps, so at 500 nearly every 20-step
+#: clip shows a fallen pole: 2 of 80 pairs had anything to judge); round 0 takes 30% of the comparisons (the
+#: untrained agent's pairs, half of them with something to judge at 100 steps); half the sampled episodes
+#: switch to random actions partway (imitation's exploration_frac), so a trained agent's clips still fall
+HUMAN_QUICK_CARTPOLE = dict(horizon=100, initial_comparison_frac=0.3, exploration_frac=0.5)
 LABELS_NAME = "labels.jsonl"
 #: printed under the progress bar once the rounds are done: what its two accuracies measure
 PROGRESS_LEGEND = (
@@ -143,6 +154,8 @@ class Settings:
     heldout_pairs: int = 2000
     heldout_steps: int = 5000
     horizon: int | None = None
+    initial_comparison_frac: float = 0.1
+    exploration_frac: float = 0.0
     use_next_state: bool = False
     use_action: bool = False
     normalize_observations: bool = False
@@ -318,7 +331,8 @@ def settings(env: str = "cartpole", quick: bool = False, seeds: int | None = Non
     ``teacher="human"`` (a person on the labelling page): one seed (more are
     refused: a person labels one run) and :data:`HUMAN_SETTINGS`: 300
     comparisons over 16 rounds, 30 in round 0, then 26, 24, ..., 13 (quick: 80,
-    8 to 20 a round). (Measured with a scripted person who always picks the
+    8 to 20 a round; on CartPole :data:`HUMAN_QUICK_CARTPOLE` too: 24 in round 0,
+    100-step episodes, a goal of 90). (Measured with a scripted person who always picks the
     higher true return, cartpole: 500 of 500 in 3 of 4 seeds, 20 in the
     fourth; an untrained agent falls within ~20 of the 500 steps, so most early
     pairs tie and teach nothing. 150 comparisons over 11 rounds, 10 to 19 a
@@ -368,6 +382,8 @@ def settings(env: str = "cartpole", quick: bool = False, seeds: int | None = Non
     human = teacher == "human"
     if human:
         base.update(HUMAN_SETTINGS[bool(quick)])
+        if quick and env == "cartpole":
+            base.update(HUMAN_QUICK_CARTPOLE)
     n = (1 if human else 2 if quick else 4) if seeds is None else int(seeds)
     if n < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
@@ -421,11 +437,12 @@ def build(s: Settings) -> PreferenceComparisons:
                              state_dependent_std=s.state_dependent_std, skip_obs=s.skip_obs),
             hparams=PPOHParams.create(learning_rate=s.learning_rate, gamma=s.gamma, ent_coef=s.ent_coef,
                                       clip_eps=s.clip_eps, anneal_steps=float(agent_steps)),
+            exploration_frac=s.exploration_frac,
         )
     trainer = RewardTrainer(net, num_members=s.num_members, learning_rate=s.reward_learning_rate)
     return PreferenceComparisons(
         gen, net, num_iterations=k, fragment_length=s.fragment_length, reward_trainer=trainer,
-        sample=False, eval_episodes=s.eval_episodes,
+        sample=False, eval_episodes=s.eval_episodes, initial_comparison_frac=s.initial_comparison_frac,
     )
 
 
@@ -571,15 +588,25 @@ def goals(res: dict) -> list[tuple[str, bool]]:
             return []
         mean = float(np.nanmean(score))
         return [(f"mean normalised score {mean:.2f} >= {GOAL_NORMALISED}", mean >= GOAL_NORMALISED)]
-    if s["env"] not in GOAL_RETURN:
+    goal = goal_return(s)
+    if goal is None:
         return []
     ret = float(np.mean(res["final"]["return"]))
     acc = float(np.mean(res["final"]["heldout_accuracy"]))
-    out = [(f"mean ground-truth return {ret:.1f} >= {GOAL_RETURN[s['env']]:.0f}", ret >= GOAL_RETURN[s["env"]]),
+    out = [(f"mean ground-truth return {ret:.1f} >= {goal:.0f}", ret >= goal),
            (f"mean held-out accuracy {100 * acc:.1f}% >= {100 * GOAL_ACCURACY:.0f}%", acc >= GOAL_ACCURACY)]
     if not s["quick"] and s.get("teacher", "synthetic") == "synthetic":  # a person's pace is not the library's
         out.append((f"wall time {res['wall_s']:.0f} s <= {GOAL_WALL_S:.0f} s", res["wall_s"] <= GOAL_WALL_S))
     return out
+
+
+def goal_return(settings: dict) -> float | None:
+    """The run's ground-truth return goal (:data:`GOAL_RETURN`; :data:`GOAL_RETURN_SHARE` of the
+    horizon where the settings set one), or None for an env without one."""
+    if settings["env"] not in GOAL_RETURN:
+        return None
+    h = settings.get("horizon")
+    return GOAL_RETURN[settings["env"]] if h is None else GOAL_RETURN_SHARE * h
 
 
 def make_figure(plt: Any, res: dict) -> Any:
@@ -597,8 +624,8 @@ def make_figure(plt: Any, res: dict) -> Any:
         b = float(np.mean(res["baseline_return"]))
         ax[0].axhline(b, color="tab:green", ls="--",
                       label=f"{agent_name(res)} on the true reward, same steps ({b:.0f})")
-    if res["settings"]["env"] in GOAL_RETURN:
-        ax[0].axhline(GOAL_RETURN[res["settings"]["env"]], color="k", ls=":", lw=1, label="goal")
+    if goal_return(res["settings"]) is not None:
+        ax[0].axhline(goal_return(res["settings"]), color="k", ls=":", lw=1, label="goal")
     ax[0].set_xlabel("agent steps (thousands)")
     ax[0].set_ylabel("ground-truth return")
     ax[0].set_title(f"{res['settings']['env']}: agent trained on the learned reward only")
@@ -1065,6 +1092,6 @@ def main(argv: list[str] | None = None) -> int:
     return C.finish(goals(res), args.strict)
 
 
-__all__ = ["EnvIdError", "Settings", "settings", "default_agent", "cpu_hours", "file_tag", "build", "human_teacher", "evaluate", "true_reward_baseline",
+__all__ = ["EnvIdError", "Settings", "settings", "goal_return", "default_agent", "cpu_hours", "file_tag", "build", "human_teacher", "evaluate", "true_reward_baseline",
            "random_return", "normalised_score", "format_table",
            "goals", "make_figure", "plot", "run", "report", "parser", "main"]
