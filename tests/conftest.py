@@ -84,3 +84,26 @@ def pytest_collection_modifyitems(config, items):
             fnmatch.fnmatch(item.path.name, pat) for pat in FAST_FILES)
         if eager or not fast:
             item.add_marker(pytest.mark.slow)
+
+
+# Where the suite's time goes, per test file (setup, call and teardown summed, over every xdist
+# worker): printed at the very end of the run, after pytest's own summary, so that the tail of a CI
+# log (all one sees of it) holds it. pytest's --durations lists single tests only.
+_FILE_SECONDS: dict[str, float] = {}
+PROFILE_FILES = 25
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + float(getattr(report, "duration", 0.0) or 0.0)
+
+
+def pytest_unconfigure(config):
+    if hasattr(config, "workerinput") or not _FILE_SECONDS:   # an xdist worker: the controller prints
+        return
+    total = sum(_FILE_SECONDS.values())
+    top = sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:PROFILE_FILES]
+    lines = [f"test time per file (all phases, summed over workers): {total:.0f} s in {len(_FILE_SECONDS)} files;"
+             f" the {len(top)} largest:"]
+    lines += [f"  {s:7.1f} s  {100 * s / total:4.1f}%  {p}" for p, s in top]
+    print("\n" + "\n".join(lines), flush=True)
