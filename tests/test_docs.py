@@ -30,11 +30,11 @@ Two markers make a page show what its code does:
   checked where that block runs; a ``docs:no-run`` block shows no output.
 - ``<!-- docs:figure img/NAME.png -->`` on the line before a ```` ```python ```` block: the block
   writes ``NAME.png`` into its working directory (the test's temporary directory) and the test
-  fails unless it did, unless the file is a PNG, unless ``docs/img/NAME.png`` is committed and
+  fails unless it did, unless the file is a PNG, unless the file of that name in ``docs/img`` is committed and
   unless the page shows it (an image link with an alt text to ``img/NAME.png`` as seen from the
   page: ``../img/NAME.png`` from ``guides/``). The committed figure is made by the same code:
   ``JAXWEIGHT_DOCS_WRITE_FIGURES=1 python -m pytest -q tests/test_docs.py -k PAGE`` copies each
-  written file to ``docs/img/NAME.png`` (then ``git add`` it). Figures use matplotlib (the Agg
+  written file to ``docs/img`` under its name (then ``git add`` it). Figures use matplotlib (the Agg
   backend, which tests/conftest.py sets) and stay small (``figsize=(6, 3.2), dpi=100``: a PNG
   under ~80 KB).
 """
