@@ -83,6 +83,13 @@ def test_answers_follow_the_registered_rules_and_a_failed_pairing_check_pairs_no
     an = S.analyse([(plan[0], p0), (plan[3], p3)], ref)
     assert an["warm_starts_equal_to_part_3"] == {0: False, 3: True}
     assert "maxent_step - drgrpo" not in an["comparisons"] and "xdr_tau0.05 - drgrpo" not in an["comparisons"]
+    # the forest plot: one panel per metric, one row per comparison
+    import matplotlib.pyplot as plt
+
+    an = S.analyse([(plan[0], p0), (plan[1], p1)], ref)
+    fig = S.plot(plt, an)
+    assert len(fig.axes) == len(S.METRICS) and len(fig.axes[0].get_yticks()) == len(an["comparisons"])
+    plt.close(fig)
 
 
 @pytest.mark.slow

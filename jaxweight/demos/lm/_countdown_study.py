@@ -62,7 +62,7 @@ import numpy as np
 from . import _stats as ST
 
 __all__ = ["PLAN", "REFERENCE", "REFERENCE_ARMS", "COMPARISONS", "METRICS", "plan", "pairing_check", "warm_start_check", "analyse",
-           "analyse_files", "run_study"]
+           "analyse_files", "run_study", "plot"]
 
 #: the recorded 32-run study the binary parts pair with (its arms, training seeds 0-31 of seed 0)
 REFERENCE = "bench/results/demo-lm-countdown-32seeds-cpu-2core.json"
@@ -274,6 +274,38 @@ def run_study(cfg, *, seed: int, out: Path, reference: str | Path, run, log, par
     return study
 
 
+def plot(plt, analysis: dict, *, key: str = "comparisons"):
+    """The comparisons of ``analysis[key]`` as a forest plot (a matplotlib Figure): per metric
+    (pass@8, coverage@8, mean@8) each comparison's paired effect in points with its t CI95, one
+    row per comparison, grouped by role; the small dots are the runs' own differences."""
+    comps = analysis[key]
+    names = list(comps)
+    fig, axes = plt.subplots(1, len(METRICS), figsize=(11, 0.42 * len(names) + 1.4), sharey=True)
+    y = np.arange(len(names))[::-1]
+    for ax, m in zip(axes, METRICS):
+        for yi, n in zip(y, names):
+            c = comps[n][m]
+            est, ci = 100 * c["estimate"], c["ci95"]
+            runs = 100 * np.asarray(c.get("per_run", []), np.float64)
+            ax.plot(runs, np.full(runs.shape, yi) + np.linspace(-0.15, 0.15, runs.size), ".", ms=2, color="0.7")
+            color = "C2" if ci is not None and ci[0] > 0 else "C3" if ci is not None and ci[1] < 0 else "C0"
+            if ci is not None:
+                ax.plot([100 * ci[0], 100 * ci[1]], [yi, yi], "-", lw=2.5, color=color)
+            ax.plot([est], [yi], "o", color=color)
+        ax.axvline(0, color="k", lw=0.8)
+        ax.set_title(m.replace("_at_", "@"), fontsize=10)
+        ax.set_xlabel("effect, points")
+        lo = min(100 * comps[n][m]["ci95"][0] for n in names if comps[n][m]["ci95"] is not None)
+        hi = max(100 * comps[n][m]["ci95"][1] for n in names if comps[n][m]["ci95"] is not None)
+        pad = 0.25 * (hi - lo)
+        ax.set_xlim(lo - pad, hi + pad)
+    axes[0].set_yticks(y, [f"{n}  ({comps[n]['role']})" for n in names], fontsize=8)
+    fig.suptitle("Countdown arms study: paired run-level effects (mean over runs, t CI95; green above 0, red below)",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 if __name__ == "__main__":
     import argparse
 
@@ -281,5 +313,15 @@ if __name__ == "__main__":
                                  description="the Countdown arms study's pre-registered analysis over its part files")
     ap.add_argument("files", nargs="+", help="part-0's results.json, part-1's, ...")
     ap.add_argument("--reference", default=REFERENCE, help=f"the recorded 32-run study (default {REFERENCE})")
+    ap.add_argument("--plot", default=None, help="also draw the comparisons' forest plot into this PNG")
     a = ap.parse_args()
-    print(json.dumps(analyse_files(a.files, a.reference), indent=1))
+    an = analyse_files(a.files, a.reference)
+    print(json.dumps(an, indent=1))
+    if a.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        key = "comparisons" if an["comparisons"] else "exploratory_vs_recorded"
+        plot(plt, an, key=key).savefig(a.plot, dpi=100)
