@@ -1,8 +1,10 @@
 """mkdocs hooks: the results registry (``bench/results/README.md``) as a page, and links to its rows.
 
-- A page holding ``MARK`` (``docs/results/registry.md``) gets the registry's text; the first
-  cell of each row, a results file's path under ``bench/results/``, gets an id
-  (:func:`anchor`), and each docs page named in it (``docs/results/mujoco.md``) becomes a link.
+- A page holding ``MARK`` (``docs/results/registry.md``) gets the registry's text, its 8-column
+  tables shown in 3 columns so that they fit the page: file | claim | status, date, with the
+  command, commit, machine and citing pages on a compact line under the claim. The file cell, a
+  results file's path under ``bench/results/``, gets an id (:func:`anchor`), and each docs page
+  named in it (``docs/results/mujoco.md``) becomes a link.
 - On every other page, a results file cited as inline code by its full path
   (`` `bench/results/archive/x.json` ``) that has a registry row is shown by its path under
   ``bench/results/``, linked to its row; the full path stays the link's title (shown on hover),
@@ -22,6 +24,7 @@ PAGE = "results/registry.md"
 REGISTRY = Path("bench") / "results" / "README.md"
 
 _ROW = re.compile(r"^\| `([^`|]+)` \|", re.M)
+COLUMNS = ("file", "claim", "command", "commit", "machine", "date", "status", "cited by")
 _CITED_PAGE = re.compile(r"`docs/([A-Za-z0-9_./-]+\.md)`")
 _CITED_FILE = re.compile(r"`bench/results/([A-Za-z0-9_./+-]+)`")
 _FENCE = re.compile(r"^(\s*)(```|~~~)")
@@ -38,9 +41,37 @@ def registry_files(text: str) -> set[str]:
     return set(_ROW.findall(text))
 
 
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def _compact_tables(text: str) -> str:
+    """The registry's 8-column tables as file | claim | status, date; the command, commit, machine
+    and citing pages of a row go on a small line under its claim. Every other line is kept."""
+    out, in_table = [], False
+    for line in text.splitlines(keepends=True):
+        if line.startswith("|") and [c.lower() for c in _cells(line)] == list(COLUMNS):
+            in_table = True
+            out.append("| file | claim | status, date |\n|---|---|---|\n")
+        elif in_table and line.startswith("|"):
+            cells = _cells(line)
+            if set(line.strip()) <= set("|-: "):
+                continue
+            if len(cells) != len(COLUMNS):
+                raise PluginError(f"{REGISTRY}: a row with {len(cells)} cells, want {len(COLUMNS)}: {line}")
+            r = dict(zip(COLUMNS, cells))
+            run = " · ".join(f"*{c}:* {r[c]}" for c in ("command", "commit", "machine", "cited by"))
+            out.append(f"| {r['file']} | {r['claim']}<br><small>{run}</small> | {r['status']}<br>{r['date']} |\n")
+        else:
+            in_table = False
+            out.append(line)
+    return "".join(out)
+
+
 def registry_page(text: str, pages: set[str]) -> str:
-    """The registry's markdown with an id on each row's file cell and each cited page linked."""
-    text = _ROW.sub(lambda m: f"| `{m[1]}`{{#{anchor(m[1])}}} |", text)
+    """The registry's markdown, its tables in 3 columns (:func:`_compact_tables`), with an id on
+    each row's file cell and each cited page linked."""
+    text = _ROW.sub(lambda m: f"| `{m[1]}`{{#{anchor(m[1])}}} |", _compact_tables(text))
 
     def link(m: re.Match) -> str:
         if m[1] not in pages:

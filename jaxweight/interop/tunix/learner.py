@@ -54,12 +54,12 @@ class MaxEntGRPOLearner(grpo_learner.GRPOLearner):
       rl_cluster, algo_config, reward_fns, metric_fns, data_shuffle_seed: as ``GRPOLearner``
         (``algo_config.policy_loss_fn`` is typically ``"jaxweight_maxent"``; register() first).
       estimator: a :class:`MaxEntAdvantageEstimator` whose state the learner advances
-        (default: a new one on ``maxent.config(beta=algo_config.beta)``; the loss uses the
-        controller's beta, so set it in the estimator's config).
+        (default: a new one on ``maxent.config`` with ``beta=algo_config.beta``; the loss uses
+        the controller's beta, so set it in the estimator's config).
       maxent_cfg: the config of the weighting (default ``estimator.cfg`` with the reference
         term on when tunix computes reference log-probs).
       seed_alpha: SEED-GRPO strength (None: off); answers by ``answer_fn``
-        (default :func:`jaxweight.maxent.extract_answer`).
+        (default :func:`~jaxweight.maxent.extract_answer`).
       truncate_unfinished: zero the rewards of completions that hit ``max_tokens_to_generate``.
       save_dir, save_every: after ``k`` weighted train batches, ``k`` a multiple of
         ``save_every`` (tunix's checkpoint interval), write ``save_dir/maxent_{k}.ckpt``; a
