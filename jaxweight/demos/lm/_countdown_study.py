@@ -198,16 +198,19 @@ def analyse(parts: list[tuple[dict, dict]], reference: dict) -> dict:
                         "question 2: a larger Dr.GRPO step matches the class-level reweighting": a2}}
 
 
-def analyse_files(files: list[str | Path], reference: str | Path = REFERENCE) -> dict:
-    """:func:`analyse` over part files on record (``files[p]`` is part ``p``'s results)::
+def analyse_files(files: list[str | Path], reference: str | Path = REFERENCE, parts: list[int] | None = None) -> dict:
+    """:func:`analyse` over part files on record: ``files[i]`` is part ``parts[i]``'s results
+    (default: part ``i``'s)::
 
         python -m jaxweight.demos.lm._countdown_study bench/results/countdown-study/part-0-cpu-2core.json
     """
-    parts = plan()
-    if len(files) > len(parts):
-        raise ValueError(f"the plan has {len(parts)} parts, got {len(files)} files")
-    return analyse([(p, json.loads(Path(f).read_text())) for p, f in zip(parts, files)],
-                   json.loads(Path(reference).read_text()))
+    by_id = {p["part"]: p for p in plan()}
+    ids = list(range(len(files))) if parts is None else list(parts)
+    if len(ids) != len(files) or len(set(ids)) != len(ids) or not set(ids) <= set(by_id):
+        raise ValueError(f"parts: one distinct part of the plan ({sorted(by_id)}) per file, got {ids} for "
+                         f"{len(files)} files")
+    done = sorted(((by_id[q], json.loads(Path(f).read_text())) for q, f in zip(ids, files)), key=lambda t: t[0]["part"])
+    return analyse(done, json.loads(Path(reference).read_text()))
 
 
 def warm_start_check(part: dict, earlier: dict) -> bool:
@@ -313,10 +316,20 @@ if __name__ == "__main__":
                                  description="the Countdown arms study's pre-registered analysis over its part files")
     ap.add_argument("files", nargs="+", help="part-0's results.json, part-1's, ...")
     ap.add_argument("--reference", default=REFERENCE, help=f"the recorded 32-run study (default {REFERENCE})")
+    ap.add_argument("--parts", default=None, help="the part of each file, e.g. 0,1,3 (default: 0, 1, 2, ...)")
+    ap.add_argument("--json", default=None, help="also write the analysis, with the part files and provenance, here")
     ap.add_argument("--plot", default=None, help="also draw the comparisons' forest plot into this PNG")
     a = ap.parse_args()
-    an = analyse_files(a.files, a.reference)
+    an = analyse_files(a.files, a.reference, None if a.parts is None else [int(q) for q in a.parts.split(",")])
     print(json.dumps(an, indent=1))
+    if a.json:
+        from jaxweight.checkpoint import save_json
+        from jaxweight.demos._common import _jsonable, provenance
+
+        fin, todo = an["finished_parts"], [p["part"] for p in PLAN if p["part"] not in an["finished_parts"]]
+        save_json(a.json, _jsonable({"what": f"the Countdown arms study's analysis over its finished parts {fin}"
+                                             + (f" (parts {todo} not run)" if todo else ""),
+                                     "parts": list(a.files), "reference": a.reference, "analysis": an, **provenance()}))
     if a.plot:
         import matplotlib
 
