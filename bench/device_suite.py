@@ -333,23 +333,42 @@ def _steady_rate(curve: list[dict], seeds: int = 1) -> float | None:
 
 
 def child_ppo_vs_brax(size: str, emit) -> None:
+    """Each side of each seed in its own process: a side that fails is one failed point, and the other
+    side still runs (the part then fails as a whole)."""
     b = BUDGET[size]["ppo"]
-    for seed in b["seeds"]:
-        ours = _run_json([str(HERE / "bench_preference_brax.py"), *b["ours"], "--steps", str(b["steps"]),
-                          "--evals", str(b["evals"]), "--seed", str(seed)], 150)
-        emit({"status": "ok", "side": "jaxweight", "seed": seed, "env": ours["env"],
-              "num_envs": ours["settings"]["num_envs"], "steps": b["steps"], "compile_s": ours.get("compile_s"),
-              "steady_steps_per_s": _steady_rate(ours["curve"], ours["settings"]["seeds"]),
-              "final_return": ours["curve"][-1]["return"] if ours["curve"] else None})
-        ref = _run_json([str(HERE / "bench_preference_brax_ref.py"), *b["ref"], "--steps", str(b["steps"]),
-                         "--evals", str(b["evals"] + 1), "--seed", str(seed)], 150)
+    timeout = 150 * BUDGET_SCALE[size]  # one side's run; the part's own deadline still holds
+    failed = []
+
+    def side(name: str, seed: int, cmd: list[str], point) -> None:
+        try:
+            emit({"status": "ok", "side": name, "seed": seed, **point(_run_json(cmd, timeout))})
+        except Exception as e:  # noqa: BLE001 - the other side still runs
+            traceback.print_exc()
+            emit({"status": "failed", "side": name, "seed": seed, "error": f"{type(e).__name__}: {e}"})
+            failed.append(f"{name} seed {seed}")
+
+    def ours_point(ours: dict) -> dict:
+        return {"env": ours["env"], "num_envs": ours["settings"]["num_envs"], "steps": b["steps"],
+                "compile_s": ours.get("compile_s"),
+                "steady_steps_per_s": _steady_rate(ours["curve"], ours["settings"]["seeds"]),
+                "final_return": ours["curve"][-1]["return"] if ours["curve"] else None}
+
+    def ref_point(ref: dict) -> dict:
         curve = ref["curve"]
         first = curve[0]["elapsed_s"] if curve else None  # brax evaluates at step 0 after compiling
-        emit({"status": "ok", "side": "brax", "seed": seed, "env": ref["env"], "num_envs": ref["config"]["num_envs"],
-              "steps": b["steps"], "compile_and_first_eval_s": first,
-              "steady_steps_per_s": _steady_rate(curve), "brax_training_sps": [c.get("sps") for c in curve],
-              "brax_training_walltime": [c.get("walltime") for c in curve],
-              "final_return": curve[-1]["return"] if curve else None})
+        return {"env": ref["env"], "num_envs": ref["config"]["num_envs"], "steps": b["steps"],
+                "compile_and_first_eval_s": first, "steady_steps_per_s": _steady_rate(curve),
+                "brax_training_sps": [c.get("sps") for c in curve],
+                "brax_training_walltime": [c.get("walltime") for c in curve],
+                "final_return": curve[-1]["return"] if curve else None}
+
+    for seed in b["seeds"]:
+        side("jaxweight", seed, [str(HERE / "bench_preference_brax.py"), *b["ours"], "--steps", str(b["steps"]),
+                                 "--evals", str(b["evals"]), "--seed", str(seed)], ours_point)
+        side("brax", seed, [str(HERE / "bench_preference_brax_ref.py"), *b["ref"], "--steps", str(b["steps"]),
+                            "--evals", str(b["evals"] + 1), "--seed", str(seed)], ref_point)
+    if failed:
+        raise RuntimeError(f"ppo_vs_brax: {', '.join(failed)} failed (see the points above)")
 
 
 def child_preference_seeds(size: str, emit) -> None:

@@ -56,6 +56,7 @@ With brax installed (not run by the docstring tests, which run without the extra
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import warnings
 from typing import Any
@@ -137,8 +138,8 @@ class BraxEnv(environment.Environment):
         self.brax_env = env
         self.brax_name = name
         self.positions = int(positions)
-        with _quiet():  # observation_size traces a reset
-            self.obs_size = int(env.observation_size)
+        self.obs_size = _obs_size(env)
+        with _quiet():
             self.action_size = int(env.action_size)
 
     @property
@@ -191,9 +192,27 @@ class BraxEnv(environment.Environment):
 def make_brax(name: str, kwargs: dict) -> BraxEnv:
     """The :class:`BraxEnv` of brax's ``name`` (seals-style observations; see the module docstring).
 
+    Made once per name and arguments in a process (building a brax system takes seconds; the
+    environment holds no state of its own, so callers share it).
+
     Raises:
       ValueError: constructor arguments the brax environment does not take.
     """
+    try:
+        key = (name, tuple(sorted(kwargs.items())))
+        hash(key)
+    except TypeError:  # an unhashable argument: made anew
+        return _make_brax(name, kwargs)
+    return _make_brax_once(key)
+
+
+@functools.lru_cache(maxsize=32)
+def _make_brax_once(key: tuple) -> BraxEnv:
+    name, kwargs = key
+    return _make_brax(name, dict(kwargs))
+
+
+def _make_brax(name: str, kwargs: dict) -> BraxEnv:
     envs = _brax_envs()
     cls = envs._envs[name]
     kwargs = dict(kwargs)
@@ -215,5 +234,12 @@ def make_brax(name: str, kwargs: dict) -> BraxEnv:
     if takes_positions and not kwargs[_POSITIONS]:  # how many entries brax's own observation drops
         with _quiet():
             own = envs.get_environment(name, **{**kwargs, _POSITIONS: True})
-            positions = int(env.observation_size) - int(own.observation_size)
+        positions = _obs_size(env) - _obs_size(own)
     return BraxEnv(env, name, positions)
+
+
+def _obs_size(env: Any) -> int:
+    """The length of ``env``'s observation from the shapes of a traced reset. (brax's ``observation_size``
+    runs a reset op by op: seconds per call on a CPU, three calls per environment made.)"""
+    with _quiet():
+        return int(jax.eval_shape(env.reset, jax.random.PRNGKey(0)).obs.shape[-1])
