@@ -22,7 +22,6 @@ if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
 
     _OWN_CACHE = tempfile.mkdtemp(prefix="jaxweight-test-compile-cache-")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE
-    os.environ["JAXWEIGHT_TEST_CACHE_OWNER"] = str(os.getpid())
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
@@ -115,7 +114,7 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_unconfigure(config):
-    if _OWN_CACHE is not None and os.environ.get("JAXWEIGHT_TEST_CACHE_OWNER") == str(os.getpid()):
+    if _OWN_CACHE is not None:  # set only in the process that made it (workers find the variable set)
         import shutil
 
         shutil.rmtree(_OWN_CACHE, ignore_errors=True)
